@@ -1,0 +1,77 @@
+"""decode and verify: one layer's step over a StatePool."""
+
+from __future__ import annotations
+
+import torch
+
+from .pool import StatePool
+from .validate import check_inputs, check_tensor
+
+
+def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bool) -> torch.Tensor:
+    if not isinstance(pool, StatePool):
+        raise TypeError(f"pool: expected a StatePool, got {type(pool).__name__}")
+    pool._layer(layer)
+    host = pool._slots(slots)
+    n = host.numel()
+    T = None
+    if is_verify:
+        lead = inputs.get("x") if pool.spec.family == "mamba2" else inputs.get("v")
+        T = lead.shape[1] if isinstance(lead, torch.Tensor) and lead.dim() > 1 else 0
+        if not 1 <= T <= pool.cfg.max_tokens:
+            raise ValueError(f"T: expected 1..{pool.cfg.max_tokens} tokens per verify "
+                             f"(max_draft_tokens + 1), got {T}")
+    inputs = check_inputs(pool.spec, pool.cfg, n, T, pool.device, inputs)
+    act = inputs["x"] if pool.spec.family == "mamba2" else inputs["v"]
+    heads, dim = (pool.spec.num_heads, pool.spec.head_dim) if pool.spec.family == "mamba2" \
+        else (pool.spec.num_v_heads, pool.spec.head_v_dim)
+    shape = (n, heads, dim) if T is None else (n, T, heads, dim)
+    if out is None:
+        out = torch.empty(shape, dtype=act.dtype, device=pool.device)
+    else:
+        check_tensor("out", out, shape, pool.device, act.dtype)
+    keep = host >= 0
+    busy = pool.pending[layer, host[keep]]
+    if bool((busy > 0).any()):
+        raise ValueError("slots: a slot has an uncommitted verify in this layer; call pool.commit first")
+    out.zero_()
+    if keep.any():
+        dev_keep = keep.to(pool.device)
+        rows_inputs = {k: (v[dev_keep] if isinstance(v, torch.Tensor) and v.shape[:1] == (n,) else v)
+                       for k, v in inputs.items()}
+        y = pool._backend().step(pool, layer, host[keep], rows_inputs, T or 1, committed=T is None,
+                                 T_axis=T is not None)
+        out[dev_keep] = (y if T is not None else y[:, 0]).to(out.dtype)
+    if T is not None:
+        pool.pending[layer, host[keep]] = T
+    return out
+
+
+def decode(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tensor | None = None,
+           **inputs) -> torch.Tensor:
+    """One token per slot through one layer; appends to the ring, flushes when it is full.
+
+    Args:
+        pool: the layer's StatePool (updated in place).
+        layer: layer index in ``[0, pool.num_layers)``.
+        slots: int64 ``[n]``; -1 marks a padded row (output zero, nothing touched).
+        out: optional output buffer, written in place.
+        inputs: Mamba-2 ``x [n, H, P]``, ``dt [n, H]`` (raw), ``A [H]``, ``B, C [n, G, N]``,
+            ``D [H]``, ``dt_bias [H]``, ``z [n, H, P]`` (last three optional); GDN/KDA
+            ``q, k [n, HK, K]``, ``v [n, HV, V]``, ``g [n, HV]`` (GDN) or ``[n, HV, K]`` (KDA),
+            ``beta [n, HV]``, ``scale`` (default ``K ** -0.5``). x, B / k, v in the ring dtype.
+    Returns:
+        ``y [n, H, P]`` (Mamba-2) or ``o [n, HV, V]`` (GDN/KDA), in the dtype of x / v.
+    """
+    return _run(pool, layer, slots, inputs, out, is_verify=False)
+
+
+def verify(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tensor | None = None,
+           **inputs) -> torch.Tensor:
+    """T tokens per slot through one layer, not committed; ``pool.commit`` keeps a prefix.
+
+    Takes the inputs of :func:`decode` with a token axis after n (``x [n, T, H, P]``, ...),
+    ``1 <= T <= max_draft_tokens + 1``; returns ``[n, T, heads, dim]``. Writes no state unless
+    the ring would overflow, in which case it first folds the committed history (RING.md).
+    """
+    return _run(pool, layer, slots, inputs, out, is_verify=True)

@@ -1,0 +1,117 @@
+"""The reference backend: the replay algebra of kernels/*/reference.py over a StatePool.
+
+Gathers each row's checkpoint (or read copy) and ring window, evaluates outputs, folds on
+flush, appends the tokens to the ring and moves the cursors, following RING.md. Works on any
+device; synchronizes with it (it is the CPU default, not the fast path).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm.kernels.delta import reference as dref
+from replayssm.kernels.mamba2 import reference as mref
+
+from . import ring
+
+
+def _history(pool, layer: int, rows: torch.Tensor, width: int) -> dict[str, torch.Tensor]:
+    """Committed ring entries of ``rows`` as ``[r, heads, width, ...]``; entries past count are zero."""
+    count = pool.cursors["count"][layer, rows]
+    origin = pool.cursors["origin"][layer, rows]
+    i = torch.arange(width, device=rows.device)
+    pos = (origin[:, None] + i[None, :]) % pool.cfg.capacity                      # [r, width]
+    valid = i[None, :] < count[:, None]
+    out = {}
+    for name, buf in pool.ring.items():
+        b = buf[layer, rows]                                                      # [r, heads, C, ...]
+        idx = pos[:, None, :].expand(b.shape[0], b.shape[1], width)
+        extra = b.shape[3:]
+        idx = idx.reshape(*idx.shape, *([1] * len(extra))).expand(*idx.shape, *extra)
+        vals = torch.gather(b, 2, idx)
+        mask = valid[:, None, :].reshape(*valid.shape[:1], 1, width, *([1] * len(extra)))
+        out[name] = torch.where(mask, vals, torch.zeros_like(vals))
+    return out
+
+
+def _append(pool, layer: int, rows: torch.Tensor, tokens: dict[str, torch.Tensor]) -> None:
+    """Write token s of each row to ring entry (origin + count + s) % C; tokens ``[r, heads, T, ...]``."""
+    count = pool.cursors["count"][layer, rows]
+    origin = pool.cursors["origin"][layer, rows]
+    T = next(iter(tokens.values())).shape[2]
+    for s in range(T):
+        pos = (origin + count + s) % pool.cfg.capacity
+        for name, t in tokens.items():
+            pool.ring[name][layer][rows, :, pos] = t[:, :, s].to(pool.ring[name].dtype)
+
+
+def _window_inputs(pool, layer, rows, width, new):
+    hist = _history(pool, layer, rows, width)
+    return {name: torch.cat((hist[name].float(), new[name].float()), dim=2) for name in hist}
+
+
+def _tokens_first(inputs: dict, names, T_axis: bool) -> dict[str, torch.Tensor]:
+    """Inputs ``[r, T, heads, ...]`` (or ``[r, heads, ...]``) to ``[r, heads, T, ...]``."""
+    out = {}
+    for name in names:
+        t = inputs[name]
+        out[name] = (t if T_axis else t.unsqueeze(1)).movedim(1, 2)
+    return out
+
+
+def step(pool, layer: int, host_rows: torch.Tensor, inputs: dict, T: int, committed: bool,
+         T_axis: bool) -> torch.Tensor:
+    """One decode (committed, T = 1) or verify step of valid rows; returns ``[r, T, heads, D]`` fp32."""
+    spec, cfg = pool.spec, pool.cfg
+    rows = host_rows.to(pool.device)
+    count = pool.cursors["count"][layer, rows]
+    width = int(count.max().item()) if rows.numel() else 0
+    flush = ring.flush_rows(count, T, cfg.window)
+    ckpt = pool.checkpoint[layer, rows].float()
+    S0 = torch.where(flush.reshape(-1, 1, 1, 1), ckpt, pool.decoded_read_copy(layer, rows))
+    upto = width + T if committed else width
+    if spec.family == "mamba2":
+        new = _tokens_first(inputs, ("x", "B"), T_axis)
+        dtp = mref.mamba2_dt(inputs["dt"], inputs["dt_bias"])
+        new.update(_tokens_first({"dt": dtp, "dA": dtp * inputs["A"].float()}, ("dt", "dA"), T_axis))
+        win = _window_inputs(pool, layer, rows, width, new)
+        x, dtp, B, lam = mref.mamba2_window(win["x"], win["dt"], win["dA"], win["B"])
+        C = _tokens_first(inputs, ("C",), T_axis)["C"].float().repeat_interleave(spec.num_heads // spec.num_groups, 1)
+        y = mref.mamba2_window_outputs(S0, x, dtp, B, lam, C, first=width).movedim(2, 1)
+        xin = inputs["x"] if T_axis else inputs["x"].unsqueeze(1)
+        z = inputs["z"] if (inputs["z"] is None or T_axis) else inputs["z"].unsqueeze(1)
+        y = mref.mamba2_gate(y, xin.float(), inputs["D"], z)
+        if bool(flush.any()):
+            S_new = mref.mamba2_window_fold(S0[flush], x[flush], dtp[flush], B[flush], lam[flush], upto)
+            pool._store(layer, host_rows[flush.cpu()], S_new)
+    else:
+        new = _tokens_first(inputs, ("k", "v", "g", "beta"), T_axis)
+        win = _window_inputs(pool, layer, rows, width, new)
+        k, gam = dref.delta_window(win["k"], win["g"], spec.num_v_heads, spec.head_k_dim)
+        d = dref.delta_window_d(S0, k, win["v"], win["beta"], gam)
+        q = dref.expand_heads(_tokens_first(inputs, ("q",), T_axis)["q"].float(), spec.num_v_heads, 1)
+        y = dref.delta_window_outputs(S0, k, d, gam, q, inputs["scale"]).movedim(2, 1)
+        if bool(flush.any()):
+            S_new = dref.delta_window_fold(S0[flush], k[flush], d[flush], gam[flush], upto)
+            pool._store(layer, host_rows[flush.cpu()], S_new)
+    _append(pool, layer, rows, new)
+    ring.advance(pool.cursors, layer, rows, T, cfg, committed=committed)
+    return y
+
+
+def fold_committed(pool, layer: int, host_rows: torch.Tensor) -> torch.Tensor:
+    """fp32 state after the committed ring of ``host_rows``, from the exact checkpoint."""
+    spec = pool.spec
+    rows = host_rows.to(pool.device)
+    count = pool.cursors["count"][layer, rows]
+    width = int(count.max().item()) if rows.numel() else 0
+    S0 = pool.checkpoint[layer, rows].float()
+    if width == 0:
+        return S0
+    hist = {name: t.float() for name, t in _history(pool, layer, rows, width).items()}
+    if spec.family == "mamba2":
+        x, dtp, B, lam = mref.mamba2_window(hist["x"], hist["dt"], hist["dA"], hist["B"])
+        return mref.mamba2_window_fold(S0, x, dtp, B, lam, width)
+    k, gam = dref.delta_window(hist["k"], hist["g"], spec.num_v_heads, spec.head_k_dim)
+    d = dref.delta_window_d(S0, k, hist["v"], hist["beta"], gam)
+    return dref.delta_window_fold(S0, k, d, gam, width)

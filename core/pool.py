@@ -1,0 +1,247 @@
+"""StatePool: checkpoints, read copies, rings and cursors of every layer and slot."""
+
+from __future__ import annotations
+
+import torch
+
+from . import formats, ring
+from .spec import LayerSpec, ReplayConfig
+from .validate import check_slots, check_tensor
+
+BACKENDS = ("auto", "reference", "triton")
+
+
+class StatePool:
+    """Replay state of ``num_layers`` layers for ``num_slots`` sequences.
+
+    | Name        | Shape                                   | Dtype            |
+    |-------------|-----------------------------------------|------------------|
+    | checkpoint  | ``[NL, S, *spec.state_shape]`` (view)   | checkpoint dtype |
+    | read[codes] | ``[NL, S, heads, rows, cols or cols/2]``| e4m3 / uint8     |
+    | read[block_scale] | ``[NL, S, heads, rows, cols/16]`` | e4m3             |
+    | read[row_scale]   | ``[NL, S, heads, rows]``          | fp32             |
+    | ring[name]  | ``[NL, S, *ring_buffers()[name]]``      | see RING.md      |
+    | cursors[f]  | ``[NL, S + 1]`` (last column: padding)  | int32            |
+
+    Args:
+        spec: layer dimensions. cfg: replay configuration.
+        num_layers, num_slots: pool size.
+        device: where every buffer lives.
+        backend: "reference" (PyTorch, any device), "triton", or "auto".
+        checkpoint: optional framework-owned checkpoint tensor ``[NL, S, ...]`` (any strides)
+            in the checkpoint dtype; the pool reads and writes it in place.
+        state_layout: layout of ``checkpoint`` for GDN/KDA: "kv" (``[.., HV, K, V]``) or "vk".
+
+    The pool's methods validate their arguments and may synchronize with the device; the
+    step functions ``replayssm.decode`` / ``verify`` do the math.
+    """
+
+    def __init__(self, spec: LayerSpec, cfg: ReplayConfig, *, num_layers: int, num_slots: int,
+                 device="cpu", backend: str = "auto", checkpoint: torch.Tensor | None = None,
+                 state_layout: str = "kv"):
+        if not isinstance(spec, LayerSpec):
+            raise TypeError(f"spec: expected a LayerSpec, got {type(spec).__name__}")
+        if not isinstance(cfg, ReplayConfig):
+            raise TypeError(f"cfg: expected a ReplayConfig, got {type(cfg).__name__}")
+        cfg.check(spec)
+        for name, value in (("num_layers", num_layers), ("num_slots", num_slots)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+        if state_layout not in ("kv", "vk"):
+            raise ValueError(f"state_layout: expected 'kv' or 'vk', got {state_layout!r}")
+        self.spec, self.cfg = spec, cfg
+        self.num_layers, self.num_slots = num_layers, num_slots
+        self.device = torch.device(device)
+        self.backend = _resolve_backend(backend, self.device)
+        self.checkpoint = self._make_checkpoint(checkpoint, state_layout)
+        self.read = {}
+        if cfg.read_format != "checkpoint":
+            heads, rows, cols = spec.read_rows_cols
+            for name, (shape, dtype) in formats.read_copy_shapes(cfg.read_format, rows, cols).items():
+                self.read[name] = torch.zeros(num_layers, num_slots, heads, *shape, dtype=dtype, device=self.device)
+        self.ring = {name: torch.zeros(num_layers, num_slots, *shape, dtype=dtype, device=self.device)
+                     for name, (shape, dtype) in ring.ring_buffers(spec, cfg).items()}
+        self.cursors = ring.new_cursors(num_layers, num_slots, self.device)
+        self.allocated = torch.zeros(num_slots, dtype=torch.bool)
+        self.pending = torch.zeros(num_layers, num_slots, dtype=torch.int64)  # host mirror
+
+    def _make_checkpoint(self, checkpoint, state_layout):
+        shape = (self.num_layers, self.num_slots, *self.spec.state_shape)
+        dtype = self.cfg.torch_checkpoint_dtype
+        if checkpoint is None:
+            return torch.zeros(shape, dtype=dtype, device=self.device)
+        view = checkpoint.transpose(-1, -2) if (self.spec.is_delta and state_layout == "vk") else checkpoint
+        expected = shape if state_layout == "kv" or not self.spec.is_delta else shape[:-2] + shape[-2:][::-1]
+        check_tensor("checkpoint", checkpoint, expected, self.device, dtype)
+        return view
+
+    def _slots(self, slots) -> torch.Tensor:
+        return check_slots(slots, self.num_slots, self.allocated, self.device)
+
+    def alloc(self, n: int) -> torch.Tensor:
+        """Take ``n`` free slots (int64 ``[n]`` on the pool device) with zero state and empty rings."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"n: expected an int >= 0, got {n!r}")
+        free = (~self.allocated).nonzero().flatten()
+        if free.numel() < n:
+            raise ValueError(f"n: only {free.numel()} free slots, asked for {n}")
+        host = free[:n]
+        self.allocated[host] = True
+        slots = host.to(self.device)
+        zero = torch.zeros(n, *self.spec.state_shape, dtype=torch.float32, device=self.device)
+        for layer in range(self.num_layers):
+            self._store(layer, host, zero)
+        ring.reset(self.cursors, None, slots, wrote_checkpoint=False)
+        self.pending[:, host] = 0
+        return slots
+
+    def free(self, slots: torch.Tensor) -> None:
+        """Return ``slots`` to the pool."""
+        host = self._slots(slots)
+        self.allocated[host[host >= 0]] = False
+
+    def fork(self, slots: torch.Tensor) -> torch.Tensor:
+        """New slots holding a copy of ``slots`` (checkpoint, read copy, ring, cursors)."""
+        host = self._slots(slots)
+        if (host < 0).any():
+            raise ValueError("slots: fork takes no padded rows (-1)")
+        child = self.alloc(host.numel())
+        src, dst = host.to(self.device), child
+        self.checkpoint[:, dst] = self.checkpoint[:, src]
+        for buf in (*self.read.values(), *self.ring.values()):
+            buf[:, dst] = buf[:, src]
+        for cur in self.cursors.values():
+            cur[:, dst] = cur[:, src]
+        self.pending[:, child.cpu()] = self.pending[:, host]
+        return child
+
+    def write_state(self, layer: int, slots: torch.Tensor, state: torch.Tensor) -> None:
+        """Set the checkpoint of ``slots`` to ``state`` (fp32, canonical layout) and empty the ring."""
+        self._layer(layer)
+        host = self._slots(slots)
+        check_tensor("state", state, (host.numel(), *self.spec.state_shape), self.device, torch.float32)
+        keep = host >= 0
+        self._store(layer, host[keep], state[keep.to(self.device)])
+        ring.reset(self.cursors, layer, slots, wrote_checkpoint=True)
+        self.pending[layer, host[keep]] = 0
+
+    def read_state(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """fp32 state after every committed token ``[n, *state_shape]``; the pool is unchanged.
+
+        Tokens of an uncommitted verify are not included. Padded rows (-1) read zeros.
+        """
+        self._layer(layer)
+        host = self._slots(slots)
+        out = torch.zeros(host.numel(), *self.spec.state_shape, dtype=torch.float32, device=self.device)
+        keep = host >= 0
+        if keep.any():
+            out[keep.to(self.device)] = self._backend().fold_committed(self, layer, host[keep])
+        return out
+
+    def flush(self, slots: torch.Tensor) -> None:
+        """Fold the committed ring of ``slots`` into the checkpoint in every layer (materialize).
+
+        Afterwards the checkpoint is the state and the ring is empty; rows with an empty ring
+        keep their checkpoint bytes. Refuses slots with an uncommitted verify.
+        """
+        host = self._slots(slots)
+        host = host[host >= 0]
+        if bool((self.pending[:, host] > 0).any()):
+            raise ValueError("slots: a slot has an uncommitted verify; commit before flush")
+        for layer in range(self.num_layers):
+            count = self.cursors["count"][layer, host.to(self.device)].cpu()
+            rows = host[count > 0]
+            if rows.numel():
+                self._store(layer, rows, self._backend().fold_committed(self, layer, rows))
+                ring.reset(self.cursors, layer, rows.to(self.device), wrote_checkpoint=True)
+
+    def commit(self, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """Keep the first ``num_accepted`` tokens of the last verify of ``slots``, in every layer.
+
+        Args:
+            slots: int64 ``[n]``. num_accepted: int ``[n]``, each in ``1..T`` of that verify
+                (ignored for padded rows).
+        """
+        host = self._slots(slots)
+        if not isinstance(num_accepted, torch.Tensor) or num_accepted.dtype.is_floating_point \
+                or num_accepted.dtype == torch.bool or tuple(num_accepted.shape) != (host.numel(),):
+            raise ValueError(f"num_accepted: expected an int tensor of shape [{host.numel()}]")
+        acc = num_accepted.cpu().to(torch.int64)
+        keep = host >= 0
+        pend = self.pending[:, host[keep]]
+        if pend.numel() and bool((pend != pend[:1]).any()):
+            raise ValueError("slots: layers disagree on the pending verify; verify every layer before commit")
+        if keep.any():
+            T = pend[0]
+            if bool((T == 0).any()):
+                raise ValueError("slots: a slot has no uncommitted verify")
+            a = acc[keep]
+            if bool(((a < 1) | (a > T)).any()):
+                raise ValueError(f"num_accepted: expected values in 1..T (T = {T.tolist()}), got {a.tolist()}")
+        acc = torch.where(keep, acc, torch.zeros_like(acc))
+        ring.commit(self.cursors, slots, acc.to(self.device))
+        self.pending[:, host[keep]] = 0
+
+    def _layer(self, layer) -> None:
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer: expected an int in [0, {self.num_layers}), got {layer!r}")
+
+    def _backend(self):
+        if self.backend == "reference":
+            from . import backend_reference
+            return backend_reference
+        raise AssertionError(self.backend)
+
+    def _store(self, layer: int, host_rows: torch.Tensor, state: torch.Tensor) -> None:
+        """Write fp32 ``state [r, *state_shape]`` as the checkpoint of rows and refresh the read copy."""
+        if host_rows.numel() == 0:
+            return
+        rows = host_rows.to(self.device)
+        epoch = self.cursors["epoch"][layer, rows]
+        stored = round_checkpoint(state, self.cfg, layer, epoch)
+        self.checkpoint[layer, rows] = stored
+        if self.read:
+            codes, bs, rs = formats.quantize(to_read_layout(self.spec, stored.float()), self.cfg.read_format)
+            self.read["codes"][layer, rows] = codes
+            self.read["block_scale"][layer, rows] = bs
+            self.read["row_scale"][layer, rows] = rs
+
+    def decoded_read_copy(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
+        """fp32 state that non-flush steps read, canonical layout ``[r, *state_shape]``."""
+        if not self.read:
+            return self.checkpoint[layer, rows].float()
+        x = formats.dequantize(self.read["codes"][layer, rows], self.read["block_scale"][layer, rows],
+                               self.read["row_scale"][layer, rows], self.cfg.read_format)
+        return x.transpose(-1, -2) if self.spec.is_delta else x
+
+    def bytes_per_slot(self) -> dict[str, int]:
+        """Bytes per slot and layer of checkpoint, read copy and ring."""
+        per = lambda bufs: sum(b[0, 0].numel() * b.element_size() for b in bufs)  # noqa: E731
+        return {
+            "checkpoint": self.spec.state_numel * self.checkpoint.element_size(),
+            "read_copy": per(self.read.values()),
+            "ring": per(self.ring.values()),
+        }
+
+
+def to_read_layout(spec: LayerSpec, state: torch.Tensor) -> torch.Tensor:
+    """Canonical state ``[.., *state_shape]`` to the read-copy layout ``[.., heads, rows, cols]``."""
+    return state.transpose(-1, -2) if spec.is_delta else state
+
+
+def round_checkpoint(state: torch.Tensor, cfg: ReplayConfig, layer: int, epoch: torch.Tensor) -> torch.Tensor:
+    """Round fp32 ``state [r, ...]`` to the checkpoint dtype (stochastic for float16_sr)."""
+    if cfg.checkpoint_dtype == "float16_sr":
+        numel = state[0].numel() if state.shape[0] else 0
+        u = formats.sr_uniform(cfg.seed, layer, epoch, numel).reshape(state.shape)
+        return formats.fp16_stochastic_round(state, u)
+    return state.to(cfg.torch_checkpoint_dtype)
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
+    if backend in ("auto", "reference"):
+        return "reference"
+    raise ValueError("backend: 'triton' is not built yet (the Triton kernels are the next issue); "
+                     "use 'reference' or 'auto'")

@@ -1,0 +1,1 @@
+"""Host-framework adapters (SGLang, TensorRT-LLM); each imports its framework lazily."""

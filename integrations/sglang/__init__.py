@@ -1,0 +1,1 @@
+"""SGLang adapter. Not built yet: see README.md, section Status."""

@@ -1,0 +1,1 @@
+"""TensorRT-LLM adapter. Not built yet: see README.md, section Status."""

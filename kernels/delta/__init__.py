@@ -1,0 +1,1 @@
+"""Gated DeltaNet / Kimi Delta Attention replay: reference (PyTorch) and kernels."""

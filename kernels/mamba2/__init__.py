@@ -1,0 +1,1 @@
+"""Mamba-2 replay: reference (PyTorch) and kernels."""

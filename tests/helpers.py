@@ -1,0 +1,84 @@
+"""Shared test machinery: random inputs, the fp64 step-recurrence oracle, tolerances."""
+
+from __future__ import annotations
+
+import torch
+
+import replayssm as rs
+from replayssm.kernels.delta.reference import delta_step_ref
+from replayssm.kernels.mamba2.reference import mamba2_step_ref
+
+# RMS-ratio tolerance of outputs and states against the fp64 step recurrence, by precision.
+TOL = {
+    "float32": 1e-5,
+    "bfloat16": 2e-2,
+    "float16_sr": 5e-3,
+    "fp8": 1e-1,
+    "nvfp4": 3e-1,
+}
+
+SPECS = {
+    "mamba2": rs.LayerSpec.mamba2(num_heads=4, head_dim=6, state_dim=16, num_groups=2),
+    "gdn": rs.LayerSpec.gdn(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=5),
+    "kda": rs.LayerSpec.kda(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=5),
+}
+
+
+def rms_ratio(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in fp64 (NaN anywhere gives inf)."""
+    a, b = a.double(), b.double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+class Params:
+    """Per-layer parameters of a family (Mamba-2: A, D, dt_bias)."""
+
+    def __init__(self, spec: rs.LayerSpec, num_layers: int, gen: torch.Generator):
+        self.spec = spec
+        if spec.family == "mamba2":
+            H = spec.num_heads
+            # slow decays (long memory) next to fast ones
+            self.A = [-torch.exp(torch.rand(H, generator=gen) * 4 - 3) for _ in range(num_layers)]
+            self.D = [torch.randn(H, generator=gen) for _ in range(num_layers)]
+            self.dt_bias = [torch.randn(H, generator=gen) * 0.5 - 2 for _ in range(num_layers)]
+
+
+def make_inputs(spec: rs.LayerSpec, params: Params, layer: int, n: int, T: int | None,
+                gen: torch.Generator, dtype=torch.float32, gate: bool = True) -> dict:
+    """Random (never zero) inputs of one step; ``T`` None for decode."""
+    lead = (n,) if T is None else (n, T)
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*lead, *shape, generator=gen) * scale).to(dtype)
+
+    if spec.family == "mamba2":
+        H, P, N, G = spec.num_heads, spec.head_dim, spec.state_dim, spec.num_groups
+        out = dict(x=r(H, P), dt=torch.randn(*lead, H, generator=gen), A=params.A[layer],
+                   B=r(G, N, scale=0.5), C=r(G, N, scale=0.5), D=params.D[layer],
+                   dt_bias=params.dt_bias[layer])
+        if gate:
+            out["z"] = r(H, P)
+        return out
+    HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
+    k = torch.nn.functional.normalize(torch.randn(*lead, HK, K, generator=gen), dim=-1).to(dtype)
+    g_shape = (HV,) if spec.family == "gdn" else (HV, K)
+    # log decays in [-0.5, -0.001]: long memory, never exactly zero
+    g = -torch.exp(torch.rand(*lead, *g_shape, generator=gen) * 6.2 - 6.9)
+    return dict(q=r(HK, K), k=k, v=r(HV, V), g=g, beta=torch.sigmoid(torch.randn(*lead, HV, generator=gen)))
+
+
+def step_oracle(spec: rs.LayerSpec, state: torch.Tensor, inputs: dict):
+    """One token of the step recurrence in the dtype of ``state`` (fp64 for the oracle)."""
+    if spec.family == "mamba2":
+        return mamba2_step_ref(state, inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"],
+                               inputs.get("D"), inputs.get("dt_bias"), inputs.get("z"))
+    scale = inputs.get("scale") or spec.head_k_dim ** -0.5
+    return delta_step_ref(state, inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], scale)
+
+
+def token(inputs: dict, t: int) -> dict:
+    """Token t of verify inputs ``[n, T, ...]`` as decode inputs ``[n, ...]``."""
+    per_layer = {"A", "D", "dt_bias", "scale"}
+    return {k: (v if k in per_layer or v is None else v[:, t]) for k, v in inputs.items()}
