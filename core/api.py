@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .pool import StatePool
-from .validate import check_inputs, check_tensor
+from .validate import LAYER_INPUTS, check_inputs, check_tensor
 
 
 def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bool) -> torch.Tensor:
@@ -37,8 +37,7 @@ def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bo
     out.zero_()
     if keep.any():
         dev_keep = keep.to(pool.device)
-        rows_inputs = {k: (v[dev_keep] if isinstance(v, torch.Tensor) and v.shape[:1] == (n,) else v)
-                       for k, v in inputs.items()}
+        rows_inputs = {k: (v if k in LAYER_INPUTS or v is None else v[dev_keep]) for k, v in inputs.items()}
         y = pool._backend().step(pool, layer, host[keep], rows_inputs, T or 1, committed=T is None,
                                  T_axis=T is not None)
         out[dev_keep] = (y if T is not None else y[:, 0]).to(out.dtype)

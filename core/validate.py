@@ -8,6 +8,7 @@ from .spec import LayerSpec, ReplayConfig
 
 MAMBA2_INPUTS = ("x", "dt", "A", "B", "C", "D", "dt_bias", "z")
 DELTA_INPUTS = ("q", "k", "v", "g", "beta", "scale")
+LAYER_INPUTS = ("A", "D", "dt_bias", "scale")  # per layer, no row axis
 
 
 def check_tensor(name: str, t, shape: tuple[int, ...], device: torch.device, dtype=None,

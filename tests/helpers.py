@@ -8,13 +8,14 @@ import replayssm as rs
 from replayssm.kernels.delta.reference import delta_step_ref
 from replayssm.kernels.mamba2.reference import mamba2_step_ref
 
-# RMS-ratio tolerance of outputs and states against the fp64 step recurrence, by precision.
+# RMS-ratio tolerance of one step's outputs (and of states) against the fp64 step recurrence.
+# For the read formats the mean over a run must also stay below a quarter of it.
 TOL = {
     "float32": 1e-5,
     "bfloat16": 2e-2,
     "float16_sr": 5e-3,
-    "fp8": 1e-1,
-    "nvfp4": 3e-1,
+    "fp8": 1.2e-1,
+    "nvfp4": 5e-1,
 }
 
 SPECS = {
@@ -30,6 +31,9 @@ def rms_ratio(a: torch.Tensor, b: torch.Tensor) -> float:
     if not torch.isfinite(a).all():
         return float("inf")
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+PER_LAYER = {"A", "D", "dt_bias", "scale"}  # inputs without a row axis
 
 
 class Params:
@@ -80,5 +84,69 @@ def step_oracle(spec: rs.LayerSpec, state: torch.Tensor, inputs: dict):
 
 def token(inputs: dict, t: int) -> dict:
     """Token t of verify inputs ``[n, T, ...]`` as decode inputs ``[n, ...]``."""
-    per_layer = {"A", "D", "dt_bias", "scale"}
-    return {k: (v if k in per_layer or v is None else v[:, t]) for k, v in inputs.items()}
+    return {k: (v if k in PER_LAYER or v is None else v[:, t]) for k, v in inputs.items()}
+
+
+def f64(inputs: dict) -> dict:
+    return {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in inputs.items()}
+
+
+class Driver:
+    """Drives a StatePool and the fp64 step recurrence side by side over several layers.
+
+    ``decode`` and ``verify`` return the per-layer RMS ratios of the pool's outputs against the
+    oracle; ``oracle[layer]`` holds the fp64 state after every committed token of each slot.
+    """
+
+    def __init__(self, spec: rs.LayerSpec, cfg: rs.ReplayConfig, num_layers: int, num_slots: int,
+                 gen: torch.Generator, **pool_kwargs):
+        self.spec, self.cfg, self.gen = spec, cfg, gen
+        self.pool = rs.StatePool(spec, cfg, num_layers=num_layers, num_slots=num_slots, backend="reference",
+                                 **pool_kwargs)
+        self.params = Params(spec, num_layers, gen)
+        self.oracle = [dict() for _ in range(num_layers)]  # layer -> {slot: fp64 state}
+
+    def alloc(self, n: int) -> torch.Tensor:
+        slots = self.pool.alloc(n)
+        for o in self.oracle:
+            for s in slots.tolist():
+                o[s] = torch.zeros(self.spec.state_shape, dtype=torch.float64)
+        return slots
+
+    def _stack(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.oracle[layer][s] for s in slots.tolist()])
+
+    def decode(self, slots: torch.Tensor) -> list[float]:
+        """Decode every layer; rows with slot -1 are padding and must come back zero."""
+        real = slots >= 0
+        errs = []
+        for layer in range(self.pool.num_layers):
+            inp = make_inputs(self.spec, self.params, layer, slots.numel(), None, self.gen, self.cfg.torch_ring_dtype)
+            y = rs.decode(self.pool, layer, slots, **inp)
+            rows = {k: (v if k in PER_LAYER or v is None else v[real]) for k, v in inp.items()}
+            yr, S = step_oracle(self.spec, self._stack(layer, slots[real]), f64(rows))
+            for i, s in enumerate(slots[real].tolist()):
+                self.oracle[layer][s] = S[i]
+            errs.append(rms_ratio(y[real], yr) if bool(y[~real].eq(0).all()) else float("inf"))
+        return errs
+
+    def verify(self, slots: torch.Tensor, T: int, accepted: torch.Tensor) -> list[float]:
+        errs = []
+        for layer in range(self.pool.num_layers):
+            inp = make_inputs(self.spec, self.params, layer, slots.numel(), T, self.gen, self.cfg.torch_ring_dtype)
+            y = rs.verify(self.pool, layer, slots, **inp)
+            S = self._stack(layer, slots)
+            ys = []
+            for t in range(T):
+                yt, S = step_oracle(self.spec, S, f64(token(inp, t)))
+                ys.append(yt)
+                for i, s in enumerate(slots.tolist()):
+                    if int(accepted[i]) == t + 1:
+                        self.oracle[layer][s] = S[i]
+            errs.append(rms_ratio(y, torch.stack(ys, 1)))
+        self.pool.commit(slots, accepted)
+        return errs
+
+    def state_error(self, slots: torch.Tensor) -> float:
+        return max(rms_ratio(self.pool.read_state(layer, slots), self._stack(layer, slots))
+                   for layer in range(self.pool.num_layers))

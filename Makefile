@@ -1,0 +1,32 @@
+# replayssm: `make demo` and `make test` create or reuse .venv and install what they need.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.replayssm-installed
+
+.PHONY: demo test test-wheel clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m replayssm.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+	$(MAKE) test-wheel
+
+# The same package from a built wheel, imported from outside the source tree.
+test-wheel: $(STAMP)
+	rm -rf build/wheel build/site && mkdir -p build/wheel build/site
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheel .
+	$(PY) -m pip install -q --no-deps --target build/site build/wheel/replayssm-*.whl
+	cd build && PYTHONPATH=$(CURDIR)/build/site:$(CURDIR)/tests $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider \
+		--rootdir=$(CURDIR)/build $(CURDIR)/tests/test_wheel.py
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache

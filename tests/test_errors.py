@@ -1,0 +1,100 @@
+"""Bad input raises ValueError / TypeError naming the argument and what was expected."""
+
+import pytest
+import torch
+
+import replayssm as rs
+from helpers import SPECS, Params, make_inputs
+
+
+def _pool(family, **cfg):
+    cfg = rs.ReplayConfig(**{"window": 4, "max_draft_tokens": 2, **cfg})
+    pool = rs.StatePool(SPECS[family], cfg, num_layers=1, num_slots=4)
+    return pool, pool.alloc(2)
+
+
+def _inputs(family, n=2, T=None, **over):
+    gen = torch.Generator().manual_seed(0)
+    inp = make_inputs(SPECS[family], Params(SPECS[family], 1, gen), 0, n, T, gen)
+    inp.update(over)
+    return inp
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(num_heads=4, head_dim=8, state_dim=16, num_groups=3), ValueError, "num_heads: expected a multiple"),
+    (dict(num_heads=0, head_dim=8, state_dim=16, num_groups=1), ValueError, "num_heads: expected a positive"),
+])
+def test_layer_spec(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        rs.LayerSpec.mamba2(**kwargs)
+
+
+def test_gdn_spec_and_config():
+    with pytest.raises(ValueError, match="num_v_heads: expected a multiple of num_k_heads"):
+        rs.LayerSpec.gdn(num_k_heads=3, num_v_heads=4, head_k_dim=16, head_v_dim=16)
+    with pytest.raises(ValueError, match="window"):
+        rs.ReplayConfig(window=0)
+    with pytest.raises(ValueError, match="checkpoint_dtype"):
+        rs.ReplayConfig(checkpoint_dtype="float8")
+    with pytest.raises(ValueError, match="read_format"):
+        rs.ReplayConfig(read_format="int4")
+    with pytest.raises(ValueError, match="head_k_dim: read_format='nvfp4' needs a multiple of 16"):
+        rs.StatePool(rs.LayerSpec.kda(num_k_heads=1, num_v_heads=1, head_k_dim=24, head_v_dim=8),
+                     rs.ReplayConfig(read_format="nvfp4"), num_layers=1, num_slots=1)
+    with pytest.raises(ValueError, match="backend"):
+        rs.StatePool(SPECS["gdn"], rs.ReplayConfig(), num_layers=1, num_slots=1, backend="cuda")
+
+
+@pytest.mark.parametrize("family,name,bad,exc,match", [
+    ("mamba2", "x", torch.zeros(2, 4, 7), ValueError, r"x: expected shape \[2, 4, 6\]"),
+    ("mamba2", "x", torch.zeros(2, 4, 6, dtype=torch.float64), TypeError, "x: expected dtype torch.float32"),
+    ("mamba2", "A", torch.zeros(5), ValueError, r"A: expected shape \[4\]"),
+    ("mamba2", "B", None, TypeError, "B: required input"),
+    ("mamba2", "q", torch.zeros(2), TypeError, "q: not an input of a mamba2 layer"),
+    ("gdn", "g", torch.zeros(2, 4, 16), ValueError, r"g: expected shape \[2, 4\]"),
+    ("kda", "g", torch.zeros(2, 4), ValueError, r"g: expected shape \[2, 4, 16\]"),
+    ("gdn", "beta", torch.zeros(2, 4, dtype=torch.int32), TypeError, "beta: expected a floating-point"),
+    ("gdn", "k", [[0.0]], TypeError, "k: expected a torch.Tensor"),
+    ("gdn", "scale", -1.0, ValueError, "scale: expected a positive float"),
+])
+def test_decode_inputs(family, name, bad, exc, match):
+    pool, slots = _pool(family)
+    with pytest.raises(exc, match=match):
+        rs.decode(pool, 0, slots, **_inputs(family, **{name: bad}))
+
+
+def test_slots_layer_out_and_T():
+    pool, slots = _pool("gdn")
+    inp = _inputs("gdn")
+    with pytest.raises(ValueError, match=r"slots: expected indices in \[0, 4\) or -1, got 9"):
+        rs.decode(pool, 0, torch.tensor([0, 9]), **inp)
+    with pytest.raises(ValueError, match="slots: slot 3 is not allocated"):
+        rs.decode(pool, 0, torch.tensor([0, 3]), **inp)
+    with pytest.raises(ValueError, match="slots: expected distinct"):
+        rs.decode(pool, 0, torch.tensor([0, 0]), **inp)
+    with pytest.raises(ValueError, match="slots: expected an int64"):
+        rs.decode(pool, 0, torch.tensor([0, 1], dtype=torch.int32), **inp)
+    with pytest.raises(ValueError, match=r"layer: expected an int in \[0, 1\)"):
+        rs.decode(pool, 1, slots, **inp)
+    with pytest.raises(TypeError, match="out: expected dtype"):
+        rs.decode(pool, 0, slots, out=torch.zeros(2, 4, 5, dtype=torch.float16), **inp)
+    with pytest.raises(ValueError, match=r"T: expected 1..3 tokens per verify"):
+        rs.verify(pool, 0, slots, **_inputs("gdn", T=4))
+    with pytest.raises(ValueError, match="state: expected shape"):
+        pool.write_state(0, slots, torch.zeros(2, 4, 5, 16))
+
+
+def test_commit_rules():
+    pool, slots = _pool("mamba2")
+    with pytest.raises(ValueError, match="slots: a slot has no uncommitted verify"):
+        pool.commit(slots, torch.tensor([1, 1]))
+    rs.verify(pool, 0, slots, **_inputs("mamba2", T=2))
+    with pytest.raises(ValueError, match="uncommitted verify in this layer"):
+        rs.decode(pool, 0, slots, **_inputs("mamba2"))
+    with pytest.raises(ValueError, match=r"num_accepted: expected values in 1..T"):
+        pool.commit(slots, torch.tensor([1, 3]))
+    with pytest.raises(ValueError, match=r"num_accepted: expected an int tensor of shape \[2\]"):
+        pool.commit(slots, torch.tensor([1.0, 1.0]))
+    pool.commit(slots, torch.tensor([2, 1]))
+    assert pool.cursors["count"][0, slots].tolist() == [2, 1]
+    assert pool.cursors["pending"][0, slots].tolist() == [0, 0]
