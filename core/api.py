@@ -34,13 +34,10 @@ def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bo
     busy = pool.pending[layer, host[keep]]
     if bool((busy > 0).any()):
         raise ValueError("slots: a slot has an uncommitted verify in this layer; call pool.commit first")
-    out.zero_()
-    if keep.any():
-        dev_keep = keep.to(pool.device)
-        rows_inputs = {k: (v if k in LAYER_INPUTS or v is None else v[dev_keep]) for k, v in inputs.items()}
-        y = pool._backend().step(pool, layer, host[keep], rows_inputs, T or 1, committed=T is None,
-                                 T_axis=T is not None)
-        out[dev_keep] = (y if T is not None else y[:, 0]).to(out.dtype)
+    if T is None:  # decode: a token axis of one
+        inputs = {k: (v if k in LAYER_INPUTS or v is None else v.unsqueeze(1)) for k, v in inputs.items()}
+    pool._backend().step(pool, layer, slots, host, inputs, committed=T is None,
+                         out=out if T is not None else out.unsqueeze(1))
     if T is not None:
         pool.pending[layer, host[keep]] = T
     return out

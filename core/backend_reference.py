@@ -13,6 +13,7 @@ from replayssm.kernels.delta import reference as dref
 from replayssm.kernels.mamba2 import reference as mref
 
 from . import ring
+from .validate import LAYER_INPUTS
 
 
 def _history(pool, layer: int, rows: torch.Tensor, width: int) -> dict[str, torch.Tensor]:
@@ -50,46 +51,55 @@ def _window_inputs(pool, layer, rows, width, new):
     return {name: torch.cat((hist[name].float(), new[name].float()), dim=2) for name in hist}
 
 
-def _tokens_first(inputs: dict, names, T_axis: bool) -> dict[str, torch.Tensor]:
-    """Inputs ``[r, T, heads, ...]`` (or ``[r, heads, ...]``) to ``[r, heads, T, ...]``."""
-    out = {}
-    for name in names:
-        t = inputs[name]
-        out[name] = (t if T_axis else t.unsqueeze(1)).movedim(1, 2)
-    return out
+def _tokens_first(inputs: dict, names) -> dict[str, torch.Tensor]:
+    """Inputs ``[r, T, heads, ...]`` to ``[r, heads, T, ...]``."""
+    return {name: inputs[name].movedim(1, 2) for name in names}
 
 
-def step(pool, layer: int, host_rows: torch.Tensor, inputs: dict, T: int, committed: bool,
-         T_axis: bool) -> torch.Tensor:
-    """One decode (committed, T = 1) or verify step of valid rows; returns ``[r, T, heads, D]`` fp32."""
+def step(pool, layer: int, slots: torch.Tensor, host: torch.Tensor, inputs: dict, *, committed: bool,
+         out: torch.Tensor) -> None:
+    """One decode (committed, T = 1) or verify step; inputs ``[n, T, ...]``, ``out [n, T, heads, D]``.
+
+    Rows with slot -1 get zeros and touch nothing.
+    """
+    out.zero_()
+    keep = host >= 0
+    if not bool(keep.any()):
+        return
+    dev_keep = keep.to(pool.device)
+    rows_inputs = {k: (v if k in LAYER_INPUTS or v is None else v[dev_keep]) for k, v in inputs.items()}
+    y = _step_rows(pool, layer, host[keep], rows_inputs, committed)
+    out[dev_keep] = y.to(out.dtype)
+
+
+def _step_rows(pool, layer: int, host_rows: torch.Tensor, inputs: dict, committed: bool) -> torch.Tensor:
     spec, cfg = pool.spec, pool.cfg
     rows = host_rows.to(pool.device)
+    T = (inputs["x"] if spec.family == "mamba2" else inputs["v"]).shape[1]
     count = pool.cursors["count"][layer, rows]
-    width = int(count.max().item()) if rows.numel() else 0
+    width = int(count.max().item())
     flush = ring.flush_rows(count, T, cfg.window)
     ckpt = pool.checkpoint[layer, rows].float()
     S0 = torch.where(flush.reshape(-1, 1, 1, 1), ckpt, pool.decoded_read_copy(layer, rows))
     upto = width + T if committed else width
     if spec.family == "mamba2":
-        new = _tokens_first(inputs, ("x", "B"), T_axis)
+        new = _tokens_first(inputs, ("x", "B"))
         dtp = mref.mamba2_dt(inputs["dt"], inputs["dt_bias"])
-        new.update(_tokens_first({"dt": dtp, "dA": dtp * inputs["A"].float()}, ("dt", "dA"), T_axis))
+        new.update(_tokens_first({"dt": dtp, "dA": dtp * inputs["A"].float()}, ("dt", "dA")))
         win = _window_inputs(pool, layer, rows, width, new)
         x, dtp, B, lam = mref.mamba2_window(win["x"], win["dt"], win["dA"], win["B"])
-        C = _tokens_first(inputs, ("C",), T_axis)["C"].float().repeat_interleave(spec.num_heads // spec.num_groups, 1)
+        C = inputs["C"].movedim(1, 2).float().repeat_interleave(spec.num_heads // spec.num_groups, 1)
         y = mref.mamba2_window_outputs(S0, x, dtp, B, lam, C, first=width).movedim(2, 1)
-        xin = inputs["x"] if T_axis else inputs["x"].unsqueeze(1)
-        z = inputs["z"] if (inputs["z"] is None or T_axis) else inputs["z"].unsqueeze(1)
-        y = mref.mamba2_gate(y, xin.float(), inputs["D"], z)
+        y = mref.mamba2_gate(y, inputs["x"].float(), inputs["D"], inputs["z"])
         if bool(flush.any()):
             S_new = mref.mamba2_window_fold(S0[flush], x[flush], dtp[flush], B[flush], lam[flush], upto)
             pool._store(layer, host_rows[flush.cpu()], S_new)
     else:
-        new = _tokens_first(inputs, ("k", "v", "g", "beta"), T_axis)
+        new = _tokens_first(inputs, ("k", "v", "g", "beta"))
         win = _window_inputs(pool, layer, rows, width, new)
         k, gam = dref.delta_window(win["k"], win["g"], spec.num_v_heads, spec.head_k_dim)
         d = dref.delta_window_d(S0, k, win["v"], win["beta"], gam)
-        q = dref.expand_heads(_tokens_first(inputs, ("q",), T_axis)["q"].float(), spec.num_v_heads, 1)
+        q = dref.expand_heads(inputs["q"].movedim(1, 2).float(), spec.num_v_heads, 1)
         y = dref.delta_window_outputs(S0, k, d, gam, q, inputs["scale"]).movedim(2, 1)
         if bool(flush.any()):
             S_new = dref.delta_window_fold(S0[flush], k[flush], d[flush], gam[flush], upto)
@@ -104,7 +114,7 @@ def fold_committed(pool, layer: int, host_rows: torch.Tensor) -> torch.Tensor:
     spec = pool.spec
     rows = host_rows.to(pool.device)
     count = pool.cursors["count"][layer, rows]
-    width = int(count.max().item()) if rows.numel() else 0
+    width = int(count.max().item())
     S0 = pool.checkpoint[layer, rows].float()
     if width == 0:
         return S0

@@ -1,0 +1,1 @@
+"""Precision-format helpers for the kernels (reference: replayssm.formats)."""

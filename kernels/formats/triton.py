@@ -1,0 +1,192 @@
+"""Triton helpers for the precision formats; the PyTorch reference is ``replayssm.formats``.
+
+Every helper computes bit-for-bit what the reference computes on the same fp32 input
+(rounding, scale arithmetic, stochastic-rounding bits), so a read copy or checkpoint written
+by a kernel equals one written by the reference.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# read formats and checkpoint formats as kernel constants
+READ_CHECKPOINT, READ_FP8, READ_NVFP4 = 0, 1, 2
+CKPT_FP32, CKPT_BF16, CKPT_FP16_SR = 0, 1, 2
+READ_CODES = {"checkpoint": READ_CHECKPOINT, "fp8": READ_FP8, "nvfp4": READ_NVFP4}
+CKPT_CODES = {"float32": CKPT_FP32, "bfloat16": CKPT_BF16, "float16_sr": CKPT_FP16_SR}
+
+
+@triton.jit
+def mix32(x):
+    """lowbias32 on uint32 (wrapping multiplies)."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def sr_uniform(sr_base, epoch, index):
+    """Uniform [0, 1) draws: ``sr_base`` = mix32(seed + 0x9E3779B9 (layer + 1)), index uint32."""
+    h = mix32(sr_base.to(tl.uint32) ^ epoch.to(tl.uint32))
+    bits = mix32(h ^ index.to(tl.uint32))
+    return (bits >> 8).to(tl.float32) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def fp16_stochastic_round(x, u):
+    """fp32 -> fp16, up (away from zero) with probability equal to the fraction; saturating."""
+    a = tl.minimum(tl.abs(x), 65504.0)
+    h = a.to(tl.float16)
+    hb = h.to(tl.int16, bitcast=True).to(tl.int32)
+    hb = tl.where(h.to(tl.float32) > a, hb - 1, hb)
+    lo = hb.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    up = tl.minimum(hb + 1, 0x7BFF)
+    hi = up.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    gap = hi - lo
+    p = tl.where(gap > 0, (a - lo) / tl.where(gap > 0, gap, 1.0), 0.0)
+    hb = tl.where(u < p, up, hb)
+    hb = tl.where(x < 0, hb | 0x8000, hb)
+    out = hb.to(tl.int16).to(tl.float16, bitcast=True)
+    return tl.where(x != x, x.to(tl.float16), out)
+
+
+@triton.jit
+def e2m1_encode(q):
+    """fp32 (already scaled, |q| <= 6) -> e2m1 codes as uint8, nearest, ties to even code."""
+    m = tl.abs(q)
+    code = ((m > 0.25).to(tl.int32) + (m >= 0.75).to(tl.int32) + (m > 1.25).to(tl.int32)
+            + (m >= 1.75).to(tl.int32) + (m > 2.5).to(tl.int32) + (m >= 3.5).to(tl.int32)
+            + (m > 5.0).to(tl.int32))
+    return (code | ((q < 0).to(tl.int32) << 3)).to(tl.uint8)
+
+
+@triton.jit
+def e2m1_decode(code):
+    """e2m1 codes (int32 0..15) -> fp32 with integer ops."""
+    s = (code >> 3) & 1
+    e = (code >> 1) & 3
+    m = (code & 1).to(tl.float32)
+    mag = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * (1 << tl.maximum(e - 1, 0)).to(tl.float32))
+    return tl.where(s == 1, -mag, mag)
+
+
+@triton.jit
+def quantize_rows(x, FMT: tl.constexpr, R: tl.constexpr, COLS: tl.constexpr):
+    """Encode ``x [R, COLS]`` fp32 rows: ``(codes [R, COLS] or [R, COLS/2], block_scale e4m3
+    [R, COLS/16], row_scale fp32 [R])``."""
+    EMAX: tl.constexpr = 448.0 if FMT == READ_FP8 else 6.0
+    xb = tl.reshape(x, (R, COLS // 16, 16))
+    amax_b = tl.max(tl.abs(xb), axis=2)
+    amax_r = tl.max(amax_b, axis=1)
+    row_scale = amax_r / (EMAX * 448.0)
+    safe_row = tl.where(row_scale > 0, row_scale, 1.0)
+    block_scale = tl.minimum(amax_b / (EMAX * safe_row[:, None]), 448.0).to(tl.float8e4nv)
+    denom = block_scale.to(tl.float32) * row_scale[:, None]
+    safe = tl.where(denom > 0, denom, 1.0)
+    q = tl.where(denom[:, :, None] > 0, xb / safe[:, :, None], 0.0)
+    q = tl.reshape(tl.minimum(tl.maximum(q, -EMAX), EMAX), (R, COLS))
+    if FMT == READ_FP8:
+        codes = q.to(tl.float8e4nv)
+    else:
+        c = tl.reshape(e2m1_encode(q).to(tl.int32), (R, COLS // 2, 2))
+        even, odd = tl.split(c)
+        codes = (even | (odd << 4)).to(tl.uint8)
+    return codes, block_scale, row_scale
+
+
+@triton.jit
+def dequantize_rows(codes, block_scale, row_scale, FMT: tl.constexpr, R: tl.constexpr, COLS: tl.constexpr):
+    """Decode a read-copy tile to fp32 ``[R, COLS]``; codes ``[R, COLS]`` (fp8) or ``[R, COLS/2]``."""
+    if FMT == READ_FP8:
+        q = codes.to(tl.float32)
+    else:
+        c = codes.to(tl.int32)
+        q = tl.reshape(tl.join(e2m1_decode(c & 15), e2m1_decode(c >> 4)), (R, COLS))
+    qb = tl.reshape(q, (R, COLS // 16, 16))
+    x = qb * block_scale.to(tl.float32)[:, :, None] * row_scale[:, None, None]
+    return tl.reshape(x, (R, COLS))
+
+
+@triton.jit
+def load_read_copy(codes_ptr, bs_ptr, rs_ptr, rows, row_mask, FMT: tl.constexpr, R: tl.constexpr,
+                   COLS: tl.constexpr):
+    """Load and decode rows ``rows [R]`` of one (slot, head) read copy; returns fp32 ``[R, COLS]``.
+
+    Pointers point at the (slot, head) base of contiguous ``[rows, cols]`` buffers.
+    """
+    if FMT == READ_FP8:
+        cw: tl.constexpr = COLS
+    else:
+        cw: tl.constexpr = COLS // 2
+    oc = tl.arange(0, cw)
+    codes = tl.load(codes_ptr + rows[:, None] * cw + oc[None, :], mask=row_mask[:, None], other=0)
+    ob = tl.arange(0, COLS // 16)
+    bs = tl.load(bs_ptr + rows[:, None] * (COLS // 16) + ob[None, :], mask=row_mask[:, None], other=0.0)
+    rs = tl.load(rs_ptr + rows, mask=row_mask, other=0.0)
+    return dequantize_rows(codes, bs, rs, FMT, R, COLS)
+
+
+@triton.jit
+def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.constexpr, R: tl.constexpr,
+                    COLS: tl.constexpr):
+    """Encode fp32 ``x [R, COLS]`` and store it as rows ``rows`` of one (slot, head) read copy."""
+    codes, bs, rs = quantize_rows(x, FMT, R, COLS)
+    if FMT == READ_FP8:
+        cw: tl.constexpr = COLS
+    else:
+        cw: tl.constexpr = COLS // 2
+    oc = tl.arange(0, cw)
+    tl.store(codes_ptr + rows[:, None] * cw + oc[None, :], codes, mask=row_mask[:, None])
+    ob = tl.arange(0, COLS // 16)
+    tl.store(bs_ptr + rows[:, None] * (COLS // 16) + ob[None, :], bs, mask=row_mask[:, None])
+    tl.store(rs_ptr + rows, rs, mask=row_mask)
+
+
+@triton.jit
+def round_checkpoint(x, index, sr_base, epoch, FMT: tl.constexpr):
+    """fp32 -> stored checkpoint value (fp32, bf16 nearest-even, fp16 stochastic)."""
+    if FMT == CKPT_FP32:
+        return x
+    elif FMT == CKPT_BF16:
+        return x.to(tl.bfloat16)
+    else:
+        return fp16_stochastic_round(x, sr_uniform(sr_base, epoch, index))
+
+
+@triton.jit
+def _store_checkpoint_kernel(
+    state, s_r, s_h, s_a, s_b,                 # [r, heads, A, B] fp32, canonical layout
+    slots,                                     # [r] int64
+    ckpt, c_s, c_h, c_a, c_b,                  # [S, heads, A, B] checkpoint of one layer
+    codes, block_scale, row_scale,             # read copy of one layer, contiguous [S, heads, rows, ...]
+    epoch, sr_base,                            # [S + 1] int32; uint32 scalar
+    HEADS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, BR: tl.constexpr,
+    IS_DELTA: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
+):
+    # Read layout [rows, cols]: Mamba-2 [P, N] = canonical; delta [V, K] = canonical [K, V] transposed.
+    pid_r, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(slots + i)
+    ep = tl.load(epoch + slot)
+    rows = pid_r * BR + tl.arange(0, BR)
+    cols = tl.arange(0, COLS)
+    rmask = rows < ROWS
+    if IS_DELTA:
+        off_a, off_b = cols[None, :], rows[:, None]       # a = k (col), b = v (row)
+        index = h * (ROWS * COLS) + cols[None, :] * ROWS + rows[:, None]
+    else:
+        off_a, off_b = rows[:, None], cols[None, :]       # a = p (row), b = n (col)
+        index = h * (ROWS * COLS) + rows[:, None] * COLS + cols[None, :]
+    x = tl.load(state + i * s_r + h * s_h + off_a * s_a + off_b * s_b, mask=rmask[:, None], other=0.0)
+    stored = round_checkpoint(x, index, sr_base, ep, CKPT_FMT)
+    tl.store(ckpt + slot * c_s + h * c_h + off_a * c_a + off_b * c_b, stored, mask=rmask[:, None])
+    if READ_FMT != READ_CHECKPOINT:
+        if READ_FMT == READ_FP8:
+            cw: tl.constexpr = COLS
+        else:
+            cw: tl.constexpr = COLS // 2
+        head = (slot * HEADS + h) * ROWS
+        store_read_copy(codes + head * cw, block_scale + head * (COLS // 16), row_scale + head,
+                        stored.to(tl.float32), rows, rmask, READ_FMT, BR, COLS)

@@ -1,0 +1,1 @@
+"""Cursor moves of the ring contract on the device (reference: replayssm.ring)."""

@@ -1,0 +1,63 @@
+"""Cursor moves in Triton, one launch each; the reference is ``replayssm.ring`` (bit-exact)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _advance_kernel(count_ptr, origin_ptr, pending_ptr, epoch_ptr, slots, n, num_slots,
+                    T, window, capacity, COMMITTED: tl.constexpr, BLOCK: tl.constexpr):
+    # one layer's cursors [S + 1]; rows with slot -1 are skipped
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    s = tl.load(slots + i, mask=i < n, other=-1)
+    m = s >= 0
+    s = tl.where(m, s, num_slots)
+    count = tl.load(count_ptr + s, mask=m, other=0)
+    origin = tl.load(origin_ptr + s, mask=m, other=0)
+    epoch = tl.load(epoch_ptr + s, mask=m, other=0)
+    flush = count + T >= window
+    if COMMITTED:
+        folded = count + T
+        new_count = tl.where(flush, 0, count + T)
+    else:
+        folded = count
+        new_count = tl.where(flush, 0, count)
+        tl.store(pending_ptr + s, tl.zeros_like(count) + T, mask=m)
+    tl.store(origin_ptr + s, tl.where(flush, (origin + folded) % capacity, origin), mask=m)
+    tl.store(epoch_ptr + s, epoch + flush.to(tl.int32), mask=m)
+    tl.store(count_ptr + s, new_count, mask=m)
+
+
+@triton.jit
+def _commit_kernel(count_ptr, pending_ptr, layer_stride, slots, num_accepted, n, BLOCK: tl.constexpr):
+    # cursors [NL, S + 1]; program (block, layer)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    layer = tl.program_id(1)
+    s = tl.load(slots + i, mask=i < n, other=-1)
+    m = s >= 0
+    acc = tl.load(num_accepted + i, mask=m, other=0).to(tl.int32)
+    c = count_ptr + layer * layer_stride + s
+    tl.store(c, tl.load(c, mask=m, other=0) + acc, mask=m)
+    tl.store(pending_ptr + layer * layer_stride + s, tl.zeros_like(acc), mask=m)
+
+
+def advance(cursors: dict, layer: int, slots, num_tokens: int, window: int, capacity: int, *,
+            committed: bool) -> None:
+    """Move one layer's cursors after a step (in place); same semantics as ``replayssm.ring.advance``."""
+    n = slots.numel()
+    num_slots = cursors["count"].shape[1] - 1
+    BLOCK = 128
+    _advance_kernel[(triton.cdiv(n, BLOCK),)](
+        cursors["count"][layer], cursors["origin"][layer], cursors["pending"][layer], cursors["epoch"][layer],
+        slots, n, num_slots, num_tokens, window, capacity, COMMITTED=committed, BLOCK=BLOCK)
+
+
+def commit(cursors: dict, slots, num_accepted) -> None:
+    """Keep ``num_accepted`` pending tokens in every layer (in place); as ``replayssm.ring.commit``."""
+    n = slots.numel()
+    count = cursors["count"]
+    BLOCK = 128
+    _commit_kernel[(triton.cdiv(n, BLOCK), count.shape[0])](
+        count, cursors["pending"], count.stride(0), slots, num_accepted, n, BLOCK=BLOCK)
