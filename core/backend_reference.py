@@ -12,12 +12,14 @@ import torch
 from replayssm.kernels.delta import reference as dref
 from replayssm.kernels.mamba2 import reference as mref
 
-from . import ring
+from . import formats, ring
+from .pool import round_checkpoint, to_read_layout
 from .validate import LAYER_INPUTS
 
 
-def _history(pool, layer: int, rows: torch.Tensor, width: int) -> dict[str, torch.Tensor]:
-    """Committed ring entries of ``rows`` as ``[r, heads, width, ...]``; entries past count are zero."""
+def _history(pool, layer: int, rows: torch.Tensor, width: int):
+    """Committed ring entries of ``rows`` as ``[r, heads, width, ...]`` (entries past count are zero)
+    and their validity mask ``[r, width]``."""
     count = pool.cursors["count"][layer, rows]
     origin = pool.cursors["origin"][layer, rows]
     i = torch.arange(width, device=rows.device)
@@ -32,7 +34,7 @@ def _history(pool, layer: int, rows: torch.Tensor, width: int) -> dict[str, torc
         vals = torch.gather(b, 2, idx)
         mask = valid[:, None, :].reshape(*valid.shape[:1], 1, width, *([1] * len(extra)))
         out[name] = torch.where(mask, vals, torch.zeros_like(vals))
-    return out
+    return out, valid
 
 
 def _append(pool, layer: int, rows: torch.Tensor, tokens: dict[str, torch.Tensor]) -> None:
@@ -47,8 +49,11 @@ def _append(pool, layer: int, rows: torch.Tensor, tokens: dict[str, torch.Tensor
 
 
 def _window_inputs(pool, layer, rows, width, new):
-    hist = _history(pool, layer, rows, width)
-    return {name: torch.cat((hist[name].float(), new[name].float()), dim=2) for name in hist}
+    """History then this step's tokens: ``([r, heads, width + T, ...] per buffer, valid [r, width + T])``."""
+    hist, valid = _history(pool, layer, rows, width)
+    T = next(iter(new.values())).shape[2]
+    valid = torch.cat((valid, torch.ones(valid.shape[0], T, dtype=torch.bool, device=valid.device)), dim=1)
+    return {name: torch.cat((hist[name].float(), new[name].float()), dim=2) for name in hist}, valid
 
 
 def _tokens_first(inputs: dict, names) -> dict[str, torch.Tensor]:
@@ -83,11 +88,11 @@ def _step_rows(pool, layer: int, host_rows: torch.Tensor, inputs: dict, committe
     S0 = torch.where(flush.reshape(-1, 1, 1, 1), ckpt, pool.decoded_read_copy(layer, rows))
     upto = width + T if committed else width
     if spec.family == "mamba2":
+        pool.layer_A[layer] = inputs["A"]
         new = _tokens_first(inputs, ("x", "B"))
-        dtp = mref.mamba2_dt(inputs["dt"], inputs["dt_bias"])
-        new.update(_tokens_first({"dt": dtp, "dA": dtp * inputs["A"].float()}, ("dt", "dA")))
-        win = _window_inputs(pool, layer, rows, width, new)
-        x, dtp, B, lam = mref.mamba2_window(win["x"], win["dt"], win["dA"], win["B"])
+        new["dt"] = mref.mamba2_dt_entry(inputs["dt"], inputs["dt_bias"]).movedim(1, 2)
+        win, valid = _window_inputs(pool, layer, rows, width, new)
+        x, dtp, B, lam = mref.mamba2_window(win["x"], win["dt"], valid, win["B"], inputs["A"])
         C = inputs["C"].movedim(1, 2).float().repeat_interleave(spec.num_heads // spec.num_groups, 1)
         y = mref.mamba2_window_outputs(S0, x, dtp, B, lam, C, first=width).movedim(2, 1)
         y = mref.mamba2_gate(y, inputs["x"].float(), inputs["D"], inputs["z"])
@@ -96,7 +101,7 @@ def _step_rows(pool, layer: int, host_rows: torch.Tensor, inputs: dict, committe
             pool._store(layer, host_rows[flush.cpu()], S_new)
     else:
         new = _tokens_first(inputs, ("k", "v", "g", "beta"))
-        win = _window_inputs(pool, layer, rows, width, new)
+        win, _ = _window_inputs(pool, layer, rows, width, new)
         k, gam = dref.delta_window(win["k"], win["g"], spec.num_v_heads, spec.head_k_dim)
         d = dref.delta_window_d(S0, k, win["v"], win["beta"], gam)
         q = dref.expand_heads(inputs["q"].movedim(1, 2).float(), spec.num_v_heads, 1)
@@ -109,6 +114,20 @@ def _step_rows(pool, layer: int, host_rows: torch.Tensor, inputs: dict, committe
     return y
 
 
+def store(pool, layer: int, host_rows: torch.Tensor, state: torch.Tensor) -> None:
+    """Write fp32 ``state [r, *state_shape]`` as the checkpoint of rows and refresh their read copy."""
+    if host_rows.numel() == 0:
+        return
+    rows = host_rows.to(pool.device)
+    stored = round_checkpoint(state, pool.cfg, layer, pool.cursors["epoch"][layer, rows])
+    pool.checkpoint[layer, rows] = stored
+    if pool.read:
+        codes, bs, rs = formats.quantize(to_read_layout(pool.spec, stored.float()), pool.cfg.read_format)
+        pool.read["codes"][layer, rows] = codes
+        pool.read["block_scale"][layer, rows] = bs
+        pool.read["row_scale"][layer, rows] = rs
+
+
 def fold_committed(pool, layer: int, host_rows: torch.Tensor) -> torch.Tensor:
     """fp32 state after the committed ring of ``host_rows``, from the exact checkpoint."""
     spec = pool.spec
@@ -118,9 +137,10 @@ def fold_committed(pool, layer: int, host_rows: torch.Tensor) -> torch.Tensor:
     S0 = pool.checkpoint[layer, rows].float()
     if width == 0:
         return S0
-    hist = {name: t.float() for name, t in _history(pool, layer, rows, width).items()}
+    hist, valid = _history(pool, layer, rows, width)
+    hist = {name: t.float() for name, t in hist.items()}
     if spec.family == "mamba2":
-        x, dtp, B, lam = mref.mamba2_window(hist["x"], hist["dt"], hist["dA"], hist["B"])
+        x, dtp, B, lam = mref.mamba2_window(hist["x"], hist["dt"], valid, hist["B"], pool.layer_A[layer])
         return mref.mamba2_window_fold(S0, x, dtp, B, lam, width)
     k, gam = dref.delta_window(hist["k"], hist["g"], spec.num_v_heads, spec.head_k_dim)
     d = dref.delta_window_d(S0, k, hist["v"], hist["beta"], gam)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import formats, ring
@@ -55,6 +57,9 @@ class StatePool:
         self.num_layers, self.num_slots = num_layers, num_slots
         self.device = torch.device(device)
         self.backend = _resolve_backend(backend, self.device)
+        if self.backend == "triton":
+            from replayssm.kernels import backend as kernel_backend
+            kernel_backend.check(spec, cfg)
         self.checkpoint = self._make_checkpoint(checkpoint, state_layout)
         self.read = {}
         if cfg.read_format != "checkpoint":
@@ -65,6 +70,9 @@ class StatePool:
                      for name, (shape, dtype) in ring.ring_buffers(spec, cfg).items()}
         self.cursors = ring.new_cursors(num_layers, num_slots, self.device)
         self.allocated = torch.zeros(num_slots, dtype=torch.bool)
+        # Mamba-2: the A [H] each layer was last stepped with; folding ring entries outside a
+        # step (read_state, flush) needs it
+        self.layer_A: list[torch.Tensor | None] = [None] * num_layers
         self.pending = torch.zeros(num_layers, num_slots, dtype=torch.int64)  # host mirror
 
     def _make_checkpoint(self, checkpoint, state_layout):
@@ -192,21 +200,12 @@ class StatePool:
         if self.backend == "reference":
             from . import backend_reference
             return backend_reference
-        raise AssertionError(self.backend)
+        from replayssm.kernels import backend
+        return backend
 
     def _store(self, layer: int, host_rows: torch.Tensor, state: torch.Tensor) -> None:
         """Write fp32 ``state [r, *state_shape]`` as the checkpoint of rows and refresh the read copy."""
-        if host_rows.numel() == 0:
-            return
-        rows = host_rows.to(self.device)
-        epoch = self.cursors["epoch"][layer, rows]
-        stored = round_checkpoint(state, self.cfg, layer, epoch)
-        self.checkpoint[layer, rows] = stored
-        if self.read:
-            codes, bs, rs = formats.quantize(to_read_layout(self.spec, stored.float()), self.cfg.read_format)
-            self.read["codes"][layer, rows] = codes
-            self.read["block_scale"][layer, rows] = bs
-            self.read["row_scale"][layer, rows] = rs
+        self._backend().store(self, layer, host_rows, state)
 
     def decoded_read_copy(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
         """fp32 state that non-flush steps read, canonical layout ``[r, *state_shape]``."""
@@ -241,7 +240,10 @@ def round_checkpoint(state: torch.Tensor, cfg: ReplayConfig, layer: int, epoch: 
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
-    if backend in ("auto", "reference"):
-        return "reference"
-    raise ValueError("backend: 'triton' is not built yet (the Triton kernels are the next issue); "
-                     "use 'reference' or 'auto'")
+    """"auto": the Triton kernels on CUDA, the reference elsewhere."""
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "reference"
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"backend: 'triton' on device {device} runs in Triton's interpreter; set "
+                         "TRITON_INTERPRET=1 before importing replayssm.kernels")
+    return backend

@@ -22,7 +22,6 @@ def ring_buffers(spec: LayerSpec, cfg: ReplayConfig) -> dict[str, tuple[tuple[in
         return {
             "x": ((spec.num_heads, C, spec.head_dim), act),
             "dt": ((spec.num_heads, C), f32),
-            "dA": ((spec.num_heads, C), f32),
             "B": ((spec.num_groups, C, spec.state_dim), act),
         }
     g_shape = (spec.num_v_heads, C) if spec.family == "gdn" else (spec.num_v_heads, C, spec.head_k_dim)

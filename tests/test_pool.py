@@ -137,4 +137,4 @@ def test_bytes_per_slot():
     b = pool.bytes_per_slot()
     assert b["checkpoint"] == 4 * 2 ** 20
     assert b["read_copy"] == 128 * 64 * (64 + 8 + 4)
-    assert b["ring"] == 128 * 16 * 64 * 2 + 2 * 128 * 16 * 4 + 8 * 16 * 128 * 2
+    assert b["ring"] == 128 * 16 * 64 * 2 + 128 * 16 * 4 + 8 * 16 * 128 * 2

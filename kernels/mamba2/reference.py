@@ -13,12 +13,15 @@ import torch
 import torch.nn.functional as F
 
 
-def mamba2_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None) -> torch.Tensor:
-    """Post-softplus step size dt' in fp32: ``dt [..., H]`` raw, ``dt_bias [H]`` or None."""
+def mamba2_dt_entry(dt: torch.Tensor, dt_bias: torch.Tensor | None) -> torch.Tensor:
+    """The ring's dt entry: ``dt + dt_bias`` in fp32 (``dt [..., H]``, ``dt_bias [H]`` or None)."""
     dt = dt.float()
-    if dt_bias is not None:
-        dt = dt + dt_bias.float()
-    return F.softplus(dt, threshold=20.0)
+    return dt + dt_bias.float() if dt_bias is not None else dt
+
+
+def mamba2_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None) -> torch.Tensor:
+    """Post-softplus step size dt' in fp32 (identity above 20)."""
+    return F.softplus(mamba2_dt_entry(dt, dt_bias), threshold=20.0)
 
 
 def _expand_groups(t: torch.Tensor, num_heads: int, dim: int) -> torch.Tensor:
@@ -55,18 +58,21 @@ def mamba2_step_ref(state, x, dt, A, B, C, D=None, dt_bias=None, z=None):
     return _gate(y, xs, D, z), state
 
 
-def mamba2_window(x: torch.Tensor, dtp: torch.Tensor, dA: torch.Tensor, B: torch.Tensor):
+def mamba2_window(x: torch.Tensor, dt: torch.Tensor, valid: torch.Tensor, B: torch.Tensor, A: torch.Tensor):
     """Per-head window quantities in fp32.
 
     Args:
-        x: ``[n, H, m, P]``; dtp: ``[n, H, m]`` post-softplus dt'; dA: ``[n, H, m]`` log decay
-        A dt' (an unused entry has dt' = dA = 0); B: ``[n, G, m, N]``.
+        x: ``[n, H, m, P]``; dt: ``[n, H, m]`` ring entries ``dt + dt_bias`` (before softplus);
+        valid: ``[n, m]`` bool, False for unused entries (they get dt' = 0: no input, no decay);
+        B: ``[n, G, m, N]``; A: ``[H]``.
     Returns:
-        ``(x, dtp, B expanded to [n, H, m, N], lam [n, H, m])`` with ``lam_j = Σ_{i<=j} dA_i``.
+        ``(x, dtp, B expanded to [n, H, m, N], lam [n, H, m])``: dt' = softplus(dt) and
+        ``lam_j = Σ_{i<=j} A dt'_i``.
     """
     H = x.shape[1]
-    lam = torch.cumsum(dA.float(), dim=-1)
-    return x.float(), dtp.float(), _expand_groups(B.float(), H, 1), lam
+    dtp = torch.where(valid[:, None, :], F.softplus(dt.float(), threshold=20.0), torch.zeros_like(dt.float()))
+    lam = torch.cumsum(A.float()[None, :, None] * dtp, dim=-1)
+    return x.float(), dtp, _expand_groups(B.float(), H, 1), lam
 
 
 def mamba2_window_outputs(S0, x, dtp, B, lam, C, first):

@@ -25,7 +25,7 @@ def _softplus(x):
 def _mamba2_step_row(
     ckpt, c_s, c_h, c_p, c_n,                  # [S, H, P, N] checkpoint (any strides)
     rc_codes, rc_bs, rc_rs,                    # read copy, contiguous [S, H, P, ...]
-    ring_x, ring_dt, ring_dA, ring_B,          # contiguous [S, H, C, P], [S, H, C], [S, H, C], [S, G, C, N]
+    ring_x, ring_dt, ring_B,                   # contiguous [S, H, C, P], [S, H, C], [S, G, C, N]
     count_ptr, origin_ptr, epoch_ptr,          # [S + 1] int32
     pid_p, h, i, slot,
     x, x_r, x_t, x_h,                          # [n, T, H, P]
@@ -56,14 +56,12 @@ def _mamba2_step_row(
 
     # window inputs: committed ring entries, then this step's tokens, then neutral padding
     rdt = ring_dt + (slot * H + h) * capacity
-    rdA = ring_dA + (slot * H + h) * capacity
     dt_new = tl.load(dt + i * dt_r + tok * dt_t + h, mask=new, other=0.0).to(tl.float32)
     if HAS_DT_BIAS:
         dt_new += tl.load(dt_bias + h)
-    dt_new = tl.where(new, _softplus(dt_new), 0.0)
-    A_h = tl.load(A + h)
-    dtp = tl.load(rdt + pos, mask=hist, other=0.0) + dt_new
-    dA = tl.load(rdA + pos, mask=hist, other=0.0) + A_h * dt_new
+    dt_w = tl.load(rdt + pos, mask=hist, other=0.0) + tl.where(new, dt_new, 0.0)   # ring entries dt + dt_bias
+    dtp = tl.where(hist | new, _softplus(dt_w), 0.0)
+    dA = tl.load(A + h) * dtp
     lam = tl.cumsum(dA, axis=0)                            # [BM]
     rx = ring_x + ((slot * H + h) * capacity) * P
     x_w = (tl.load(rx + pos[:, None] * P + op[None, :], mask=hist[:, None] & pmask[None, :], other=0.0)
@@ -146,8 +144,7 @@ def _mamba2_step_row(
     # append this step's tokens at ring entries (origin + count + t) % C
     tl.store(rx + pos[:, None] * P + op[None, :], x_w, mask=new[:, None] & pmask[None, :])
     if pid_p == 0:
-        tl.store(rdt + pos, dtp, mask=new)
-        tl.store(rdA + pos, dA, mask=new)
+        tl.store(rdt + pos, dt_w, mask=new)
         if h % (H // G) == 0:
             tl.store(rB + pos[:, None] * N + on[None, :], B_w, mask=new[:, None])
 
@@ -156,7 +153,7 @@ def _mamba2_step_row(
 def _mamba2_step_fwd_kernel(
     ckpt, c_s, c_h, c_p, c_n,                  # [S, H, P, N] checkpoint (any strides)
     rc_codes, rc_bs, rc_rs,                    # read copy, contiguous [S, H, P, ...]
-    ring_x, ring_dt, ring_dA, ring_B,          # contiguous [S, H, C, P], [S, H, C], [S, H, C], [S, G, C, N]
+    ring_x, ring_dt, ring_B,                   # contiguous [S, H, C, P], [S, H, C], [S, G, C, N]
     count_ptr, origin_ptr, epoch_ptr,          # [S + 1] int32
     slots,                                     # [n] int64, -1 = padded row
     x, x_r, x_t, x_h,                          # [n, T, H, P]
@@ -180,7 +177,7 @@ def _mamba2_step_fwd_kernel(
             tl.store(out + i * o_r + t * o_t + h * o_h + op, tl.zeros([BP], tl.float32), mask=op < P)
     else:
         _mamba2_step_row(
-            ckpt, c_s, c_h, c_p, c_n, rc_codes, rc_bs, rc_rs, ring_x, ring_dt, ring_dA, ring_B,
+            ckpt, c_s, c_h, c_p, c_n, rc_codes, rc_bs, rc_rs, ring_x, ring_dt, ring_B,
             count_ptr, origin_ptr, epoch_ptr, pid_p, h, i, slot,
             x, x_r, x_t, x_h, dt, dt_r, dt_t, A, D, dt_bias, B, b_r, b_t, b_g, C, cc_r, cc_t, cc_g,
             z, z_r, z_t, z_h, out, o_r, o_t, o_h, window, capacity, sr_base,

@@ -1,0 +1,63 @@
+"""The Triton backend of StatePool: the custom ops of ``replayssm.kernels.ops`` over a pool."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from replayssm import backend_reference
+from replayssm.kernels import ops
+from replayssm.kernels.formats.triton import CKPT_CODES, READ_CODES
+
+
+def check(spec, cfg) -> None:
+    """Raise ValueError for dimensions these kernels do not take."""
+    cols, name = (spec.state_dim, "state_dim") if spec.family == "mamba2" else (spec.head_k_dim, "head_k_dim")
+    if cols < 16 or cols != triton.next_power_of_2(cols):
+        raise ValueError(f"{name}: the triton backend needs a power of two >= 16, got {cols}")
+
+
+def _layer_buffers(pool, layer: int):
+    read = [pool.read[k][layer] if pool.read else None for k in ("codes", "block_scale", "row_scale")]
+    cur = pool.cursors
+    return read, cur["count"][layer], cur["origin"][layer], cur["epoch"][layer]
+
+
+def step(pool, layer: int, slots: torch.Tensor, host: torch.Tensor, inputs: dict, *, committed: bool,
+         out: torch.Tensor) -> None:
+    """One decode / verify step of ``slots`` (device, -1 = padding) through the kernels; cursors advance."""
+    spec, cfg = pool.spec, pool.cfg
+    read, count, origin, epoch = _layer_buffers(pool, layer)
+    ring = {k: v[layer] for k, v in pool.ring.items()}
+    fmt = dict(checkpoint_format=CKPT_CODES[cfg.checkpoint_dtype], read_format=READ_CODES[cfg.read_format],
+               sr_base=ops.sr_base(cfg.seed, layer))
+    if spec.family == "mamba2":
+        pool.layer_A[layer] = inputs["A"]
+        ops.mamba2_step(pool.checkpoint[layer], *read, ring["x"], ring["dt"], ring["B"], count, origin,
+                        epoch, slots, inputs["x"], inputs["dt"], inputs["A"].float(), inputs["B"], inputs["C"],
+                        None if inputs["D"] is None else inputs["D"].float(),
+                        None if inputs["dt_bias"] is None else inputs["dt_bias"].float(), inputs["z"], out,
+                        cfg.window, committed, **fmt)
+        T = inputs["x"].shape[1]
+    else:
+        ops.delta_step(pool.checkpoint[layer], *read, ring["k"], ring["v"], ring["g"], ring["beta"], count, origin,
+                       epoch, slots, inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], out,
+                       float(inputs["scale"]), cfg.window, committed, **fmt)
+        T = inputs["v"].shape[1]
+    cur = pool.cursors
+    ops.advance(cur["count"][layer], cur["origin"][layer], cur["pending"][layer], cur["epoch"][layer], slots, T,
+                cfg.window, cfg.capacity, committed)
+
+
+def store(pool, layer: int, host_rows: torch.Tensor, state: torch.Tensor) -> None:
+    """Write fp32 ``state`` as the checkpoint of ``host_rows`` and refresh their read copy."""
+    if host_rows.numel() == 0:
+        return
+    cfg = pool.cfg
+    read, _, _, epoch = _layer_buffers(pool, layer)
+    ops.store_checkpoint(state.contiguous(), host_rows.to(pool.device), pool.checkpoint[layer], *read, epoch,
+                         pool.spec.is_delta, CKPT_CODES[cfg.checkpoint_dtype], READ_CODES[cfg.read_format],
+                         ops.sr_base(cfg.seed, layer))
+
+
+fold_committed = backend_reference.fold_committed

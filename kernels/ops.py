@@ -1,0 +1,256 @@
+"""Launchers and ``torch.ops.replayssm.*`` custom ops: the one kernel set every host calls.
+
+| op                          | does                                                        |
+|-----------------------------|-------------------------------------------------------------|
+| ``mamba2_step``             | Mamba-2 decode / verify step (outputs, ring append, flush)  |
+| ``delta_step``              | GDN / KDA decode / verify step                              |
+| ``store_checkpoint``        | write fp32 states as checkpoint (+ read copy)               |
+| ``advance`` / ``commit``    | cursor moves (ring contract)                                |
+
+Every op mutates the caller's buffers in place (declared in ``mutates_args``), allocates
+nothing, never synchronizes with the host and is CUDA-graph capturable. Checkpoints may have
+any strides; ring, read-copy and cursor buffers must be contiguous per slot (asserted, never
+copied); inputs must have a contiguous last dimension.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+import triton
+
+from replayssm.formats import mix32
+from replayssm.kernels.delta.triton import _delta_step_fwd_kernel
+from replayssm.kernels.formats.triton import _store_checkpoint_kernel
+from replayssm.kernels.mamba2.triton import _mamba2_step_fwd_kernel
+from replayssm.kernels.ring import triton as ring_triton
+
+log = logging.getLogger("replayssm")
+_compiled: set = set()
+
+# Hand-picked tiles (no autotuning: these kernels mutate state). rows = P (Mamba-2) or V (delta).
+TILES = {
+    "mamba2": {"decode": dict(rows=32, num_warps=4), "verify": dict(rows=32, num_warps=4)},
+    "delta": {"decode": dict(rows=32, num_warps=4), "verify": dict(rows=32, num_warps=4)},
+}
+
+
+def sr_base(seed: int, layer: int) -> int:
+    """First hash of the stochastic-rounding key (RING.md): mix32(seed + 0x9E3779B9 (layer + 1))."""
+    return int(mix32(torch.tensor((seed + 0x9E3779B9 * (layer + 1)) & 0xFFFFFFFF, dtype=torch.int64)))
+
+
+def _require(name: str, t: torch.Tensor, shape, dtype=None, contiguous: bool = False, any_strides: bool = False) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor (it is mutated in place, never copied)")
+    if not contiguous and not any_strides and t.dim() and t.stride(-1) != 1:
+        raise ValueError(f"{name}: expected a contiguous last dimension, got strides {t.stride()}")
+
+
+def _log_first(key) -> None:
+    if key not in _compiled:
+        _compiled.add(key)
+        log.info("replayssm: first launch of %s (compiles once)", key)
+
+
+def _window_block(capacity: int) -> tuple[int, int]:
+    bm = max(16, triton.next_power_of_2(capacity))
+    return bm, bm.bit_length() - 1
+
+
+def _dot_precision(t: torch.Tensor) -> str:
+    return "tf32x3" if t.is_cuda else "ieee"
+
+
+def _read_buffers(read_codes, read_block_scale, read_row_scale, ref: torch.Tensor):
+    if read_codes is None:
+        return ref, ref, ref
+    for name, t in (("read_codes", read_codes), ("read_block_scale", read_block_scale),
+                    ("read_row_scale", read_row_scale)):
+        if t is None or not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor with the other read-copy buffers")
+    return read_codes, read_block_scale, read_row_scale
+
+
+@torch.library.custom_op("replayssm::mamba2_step", mutates_args=(
+    "checkpoint", "read_codes", "read_block_scale", "read_row_scale", "ring_x", "ring_dt", "ring_B", "out"))
+def mamba2_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], read_block_scale: Optional[torch.Tensor],
+                read_row_scale: Optional[torch.Tensor], ring_x: torch.Tensor, ring_dt: torch.Tensor,
+                ring_B: torch.Tensor, count: torch.Tensor, origin: torch.Tensor,
+                epoch: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                z: Optional[torch.Tensor], out: torch.Tensor, window: int, committed: bool, checkpoint_format: int,
+                read_format: int, sr_base: int) -> None:
+    """Mamba-2 replay step of one layer; every buffer updated in place.
+
+    | Name        | Shape              | Dtype          | Dir   |
+    |-------------|--------------------|----------------|-------|
+    | checkpoint  | [S, H, P, N]       | fp32/bf16/fp16 | inout |
+    | read_*      | [S, H, P, ...]     | see formats    | inout |
+    | ring_x      | [S, H, C, P]       | ring dtype     | inout |
+    | ring_dt     | [S, H, C] (dt + dt_bias) | fp32     | inout |
+    | ring_B      | [S, G, C, N]       | ring dtype     | inout |
+    | count, origin, epoch | [S + 1]   | int32          | in    |
+    | slots       | [n]                | int64 (-1 pad) | in    |
+    | x, z        | [n, T, H, P]       | ring dtype     | in    |
+    | dt          | [n, T, H]          | float          | in    |
+    | A, D, dt_bias | [H]              | fp32           | in    |
+    | B, C        | [n, T, G, N]       | ring dtype     | in    |
+    | out         | [n, T, H, P]       | x dtype        | out   |
+
+    ``committed``: decode (the token folds at a flush) or verify (history only folds).
+    The cursors are not moved here: call ``advance`` after the step.
+    """
+    S, H, P, N = checkpoint.shape
+    n, T = x.shape[:2]
+    G, C_cap = ring_B.shape[1], ring_B.shape[2]
+    _require("ring_x", ring_x, (S, H, C_cap, P), contiguous=True)
+    _require("ring_dt", ring_dt, (S, H, C_cap), torch.float32, contiguous=True)
+    _require("ring_B", ring_B, (S, G, C_cap, N), ring_x.dtype, contiguous=True)
+    _require("x", x, (n, T, H, P), ring_x.dtype)
+    _require("dt", dt, (n, T, H))
+    _require("B", B, (n, T, G, N), ring_x.dtype)
+    _require("C", C, (n, T, G, N))
+    _require("out", out, (n, T, H, P))
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        if t is not None:
+            _require(name, t, (H,), torch.float32, contiguous=True)
+    if z is not None:
+        _require("z", z, (n, T, H, P))
+    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_dt)
+    zz = z if z is not None else x
+    tile = TILES["mamba2"]["decode" if T == 1 else "verify"]
+    BM, _ = _window_block(C_cap)
+    BP = min(tile["rows"], max(16, triton.next_power_of_2(P)))
+    const = dict(T=T, H=H, G=G, P=P, N=N, BP=BP, BM=BM, COMMITTED=committed, HAS_D=D is not None,
+                 HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, CKPT_FMT=checkpoint_format,
+                 READ_FMT=read_format, DOT=_dot_precision(checkpoint))
+    _log_first(("mamba2_step", tuple(sorted(const.items()))))
+    _mamba2_step_fwd_kernel[(triton.cdiv(P, BP), H, n)](
+        checkpoint, *checkpoint.stride(), codes, bs, rs, ring_x, ring_dt, ring_B, count, origin, epoch, slots,
+        x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A, dt_bias if dt_bias is not None else A,
+        B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3], out, *out.stride()[:3],
+        window, C_cap, sr_base, num_warps=tile["num_warps"], **const)
+
+
+@mamba2_step.register_fake
+def _(checkpoint, read_codes, read_block_scale, read_row_scale, ring_x, ring_dt, ring_B, count, origin,
+      epoch, slots, x, dt, A, B, C, D, dt_bias, z, out, window, committed, checkpoint_format, read_format, sr_base):
+    return None
+
+
+@torch.library.custom_op("replayssm::delta_step", mutates_args=(
+    "checkpoint", "read_codes", "read_block_scale", "read_row_scale", "ring_k", "ring_v", "ring_g", "ring_beta", "out"))
+def delta_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], read_block_scale: Optional[torch.Tensor],
+               read_row_scale: Optional[torch.Tensor], ring_k: torch.Tensor, ring_v: torch.Tensor,
+               ring_g: torch.Tensor, ring_beta: torch.Tensor, count: torch.Tensor, origin: torch.Tensor,
+               epoch: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, scale: float, window: int, committed: bool,
+               checkpoint_format: int, read_format: int, sr_base: int) -> None:
+    """Gated DeltaNet (g ``[n, T, HV]``) or KDA (g ``[n, T, HV, K]``) replay step; buffers updated in place.
+
+    | Name        | Shape                       | Dtype          | Dir   |
+    |-------------|-----------------------------|----------------|-------|
+    | checkpoint  | [S, HV, K, V] (any strides) | fp32/bf16/fp16 | inout |
+    | read_*      | [S, HV, V, ...]             | see formats    | inout |
+    | ring_k      | [S, HK, C, K]               | ring dtype     | inout |
+    | ring_v      | [S, HV, C, V]               | ring dtype     | inout |
+    | ring_g      | [S, HV, C] or [S, HV, C, K] | fp32           | inout |
+    | ring_beta   | [S, HV, C]                  | fp32           | inout |
+    | count, origin, epoch | [S + 1]            | int32          | in    |
+    | slots       | [n]                         | int64 (-1 pad) | in    |
+    | q, k        | [n, T, HK, K]               | float / ring   | in    |
+    | v           | [n, T, HV, V]               | ring dtype     | in    |
+    | g, beta     | [n, T, HV(, K)], [n, T, HV] | float          | in    |
+    | out         | [n, T, HV, V]               | v dtype        | out   |
+
+    The cursors are not moved here: call ``advance`` after the step.
+    """
+    S, HV, K, V = checkpoint.shape
+    n, T = v.shape[:2]
+    HK, C_cap = ring_k.shape[1], ring_k.shape[2]
+    per_channel = g.dim() == 4
+    _require("ring_k", ring_k, (S, HK, C_cap, K), contiguous=True)
+    _require("ring_v", ring_v, (S, HV, C_cap, V), ring_k.dtype, contiguous=True)
+    _require("ring_g", ring_g, (S, HV, C_cap, K) if per_channel else (S, HV, C_cap), torch.float32, contiguous=True)
+    _require("ring_beta", ring_beta, (S, HV, C_cap), torch.float32, contiguous=True)
+    _require("q", q, (n, T, HK, K))
+    _require("k", k, (n, T, HK, K), ring_k.dtype)
+    _require("v", v, (n, T, HV, V), ring_k.dtype)
+    _require("g", g, (n, T, HV, K) if per_channel else (n, T, HV))
+    _require("beta", beta, (n, T, HV))
+    _require("out", out, (n, T, HV, V))
+    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_beta)
+    tile = TILES["delta"]["decode" if T == 1 else "verify"]
+    BM, LOG2_BM = _window_block(C_cap)
+    BV = min(tile["rows"], max(16, triton.next_power_of_2(V)))
+    const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BV=BV, BM=BM, LOG2_BM=LOG2_BM, COMMITTED=committed,
+                 PER_CHANNEL=per_channel, CKPT_FMT=checkpoint_format, READ_FMT=read_format,
+                 DOT=_dot_precision(checkpoint))
+    _log_first(("delta_step", tuple(sorted(const.items()))))
+    _delta_step_fwd_kernel[(triton.cdiv(V, BV), HV, n)](
+        checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, count, origin, epoch,
+        slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
+        *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base,
+        num_warps=tile["num_warps"], **const)
+
+
+@delta_step.register_fake
+def _(checkpoint, read_codes, read_block_scale, read_row_scale, ring_k, ring_v, ring_g, ring_beta, count, origin,
+      epoch, slots, q, k, v, g, beta, out, scale, window, committed, checkpoint_format, read_format, sr_base):
+    return None
+
+
+@torch.library.custom_op("replayssm::store_checkpoint", mutates_args=(
+    "checkpoint", "read_codes", "read_block_scale", "read_row_scale"))
+def store_checkpoint(state: torch.Tensor, slots: torch.Tensor, checkpoint: torch.Tensor,
+                     read_codes: Optional[torch.Tensor], read_block_scale: Optional[torch.Tensor],
+                     read_row_scale: Optional[torch.Tensor], epoch: torch.Tensor, is_delta: bool,
+                     checkpoint_format: int, read_format: int, sr_base: int) -> None:
+    """Write fp32 ``state [r, heads, A, B]`` (canonical) as the checkpoint of ``slots [r]`` (no -1)
+    and re-derive their read copy; ``checkpoint [S, heads, A, B]`` updated in place."""
+    r, heads, a, b = state.shape
+    _require("checkpoint", checkpoint, (checkpoint.shape[0], heads, a, b), any_strides=True)
+    rows_n, cols_n = (b, a) if is_delta else (a, b)
+    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, state)
+    BR = min(32, max(16, triton.next_power_of_2(rows_n)))
+    _store_checkpoint_kernel[(triton.cdiv(rows_n, BR), heads, r)](
+        state, *state.stride(), slots, checkpoint, *checkpoint.stride(), codes, bs, rs, epoch, sr_base,
+        HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR, IS_DELTA=is_delta, CKPT_FMT=checkpoint_format,
+        READ_FMT=read_format, num_warps=4)
+
+
+@store_checkpoint.register_fake
+def _(state, slots, checkpoint, read_codes, read_block_scale, read_row_scale, epoch, is_delta, checkpoint_format,
+      read_format, sr_base):
+    return None
+
+
+@torch.library.custom_op("replayssm::advance", mutates_args=("count", "origin", "pending", "epoch"))
+def advance(count: torch.Tensor, origin: torch.Tensor, pending: torch.Tensor, epoch: torch.Tensor,
+            slots: torch.Tensor, num_tokens: int, window: int, capacity: int, committed: bool) -> None:
+    """Move one layer's cursors ``[S + 1]`` after a step of ``num_tokens`` tokens (RING.md)."""
+    ring_triton.advance({"count": count[None], "origin": origin[None], "pending": pending[None],
+                         "epoch": epoch[None]}, 0, slots, num_tokens, window, capacity, committed=committed)
+
+
+@advance.register_fake
+def _(count, origin, pending, epoch, slots, num_tokens, window, capacity, committed):
+    return None
+
+
+@torch.library.custom_op("replayssm::commit", mutates_args=("count", "pending"))
+def commit(count: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
+    """Keep ``num_accepted [n]`` pending tokens of ``slots [n]`` in every layer; cursors ``[NL, S + 1]``."""
+    ring_triton.commit({"count": count, "pending": pending}, slots, num_accepted)
+
+
+@commit.register_fake
+def _(count, pending, slots, num_accepted):
+    return None
