@@ -128,6 +128,9 @@ def store(pool, layer: int, host_rows: torch.Tensor, state: torch.Tensor) -> Non
         pool.read["row_scale"][layer, rows] = rs
 
 
+commit = ring.commit
+
+
 def fold_committed(pool, layer: int, host_rows: torch.Tensor) -> torch.Tensor:
     """fp32 state after the committed ring of ``host_rows``, from the exact checkpoint."""
     spec = pool.spec

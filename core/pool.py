@@ -189,7 +189,7 @@ class StatePool:
             if bool(((a < 1) | (a > T)).any()):
                 raise ValueError(f"num_accepted: expected values in 1..T (T = {T.tolist()}), got {a.tolist()}")
         acc = torch.where(keep, acc, torch.zeros_like(acc))
-        ring.commit(self.cursors, slots, acc.to(self.device))
+        self._backend().commit(self.cursors, slots, acc.to(self.device))
         self.pending[:, host[keep]] = 0
 
     def _layer(self, layer) -> None:

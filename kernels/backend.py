@@ -60,4 +60,9 @@ def store(pool, layer: int, host_rows: torch.Tensor, state: torch.Tensor) -> Non
                          ops.sr_base(cfg.seed, layer))
 
 
+def commit(cursors: dict, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
+    """Keep ``num_accepted`` pending tokens of ``slots`` in every layer (one launch)."""
+    ops.commit(cursors["count"], cursors["pending"], slots, num_accepted)
+
+
 fold_committed = backend_reference.fold_committed

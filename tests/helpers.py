@@ -50,8 +50,13 @@ class Params:
 
 
 def make_inputs(spec: rs.LayerSpec, params: Params, layer: int, n: int, T: int | None,
-                gen: torch.Generator, dtype=torch.float32, gate: bool = True) -> dict:
-    """Random (never zero) inputs of one step; ``T`` None for decode."""
+                gen: torch.Generator, dtype=torch.float32, gate: bool = True, device="cpu") -> dict:
+    """Random (never zero) inputs of one step on ``device``; ``T`` None for decode."""
+    out = _make_inputs(spec, params, layer, n, T, gen, dtype, gate)
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
+
+
+def _make_inputs(spec, params, layer, n, T, gen, dtype, gate):
     lead = (n,) if T is None else (n, T)
 
     def r(*shape, scale=1.0):

@@ -54,6 +54,41 @@ def fp16_stochastic_round(x, u):
 
 
 @triton.jit
+def bf16_round(x):
+    """fp32 -> bf16, nearest-even, with integer arithmetic (every target rounds alike)."""
+    b = x.to(tl.uint32, bitcast=True)
+    r = b + 0x7FFF + ((b >> 16) & 1)
+    return (r >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def e4m3_encode(x):
+    """fp32 (|x| <= 448) -> e4m3fn bits as int32, nearest-even, saturating at 448.
+
+    Integer arithmetic, so every target (and Triton's interpreter) rounds alike.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    a = bits & 0x7FFFFFFF
+    E = (a >> 23) - 127
+    sig = (a & 0x7FFFFF) | 0x800000
+    normal = E >= -6
+    shift = tl.where(normal, 20, tl.minimum(14 - E, 30))      # keep 3 bits, or units of 2^-9
+    q = sig >> shift
+    rem = sig & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    q += ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
+    code = tl.where(normal, ((E + 7) << 3) + (q - 8), q)       # a carry into the exponent is exact
+    return tl.minimum(code, 0x7E) | sign
+
+
+@triton.jit
+def e4m3_decode(code):
+    """e4m3fn bits (int32 or uint8) -> fp32."""
+    return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def e2m1_encode(q):
     """fp32 (already scaled, |q| <= 6) -> e2m1 codes as uint8, nearest, ties to even code."""
     m = tl.abs(q)
@@ -83,30 +118,31 @@ def quantize_rows(x, FMT: tl.constexpr, R: tl.constexpr, COLS: tl.constexpr):
     amax_r = tl.max(amax_b, axis=1)
     row_scale = amax_r / (EMAX * 448.0)
     safe_row = tl.where(row_scale > 0, row_scale, 1.0)
-    block_scale = tl.minimum(amax_b / (EMAX * safe_row[:, None]), 448.0).to(tl.float8e4nv)
-    denom = block_scale.to(tl.float32) * row_scale[:, None]
+    block_scale = e4m3_encode(tl.minimum(amax_b / (EMAX * safe_row[:, None]), 448.0)).to(tl.uint8)
+    denom = e4m3_decode(block_scale) * row_scale[:, None]
     safe = tl.where(denom > 0, denom, 1.0)
     q = tl.where(denom[:, :, None] > 0, xb / safe[:, :, None], 0.0)
     q = tl.reshape(tl.minimum(tl.maximum(q, -EMAX), EMAX), (R, COLS))
     if FMT == READ_FP8:
-        codes = q.to(tl.float8e4nv)
+        codes = e4m3_encode(q).to(tl.uint8)
     else:
         c = tl.reshape(e2m1_encode(q).to(tl.int32), (R, COLS // 2, 2))
         even, odd = tl.split(c)
         codes = (even | (odd << 4)).to(tl.uint8)
-    return codes, block_scale, row_scale
+    return codes, block_scale, row_scale  # codes and block scales as bytes
 
 
 @triton.jit
 def dequantize_rows(codes, block_scale, row_scale, FMT: tl.constexpr, R: tl.constexpr, COLS: tl.constexpr):
-    """Decode a read-copy tile to fp32 ``[R, COLS]``; codes ``[R, COLS]`` (fp8) or ``[R, COLS/2]``."""
+    """Decode a read-copy tile to fp32 ``[R, COLS]``; codes ``[R, COLS]`` (fp8) or ``[R, COLS/2]``
+    bytes, block scales as bytes."""
     if FMT == READ_FP8:
-        q = codes.to(tl.float32)
+        q = e4m3_decode(codes)
     else:
         c = codes.to(tl.int32)
         q = tl.reshape(tl.join(e2m1_decode(c & 15), e2m1_decode(c >> 4)), (R, COLS))
     qb = tl.reshape(q, (R, COLS // 16, 16))
-    x = qb * block_scale.to(tl.float32)[:, :, None] * row_scale[:, None, None]
+    x = qb * e4m3_decode(block_scale)[:, :, None] * row_scale[:, None, None]
     return tl.reshape(x, (R, COLS))
 
 
@@ -121,10 +157,13 @@ def load_read_copy(codes_ptr, bs_ptr, rs_ptr, rows, row_mask, FMT: tl.constexpr,
         cw: tl.constexpr = COLS
     else:
         cw: tl.constexpr = COLS // 2
+    # fp8 buffers move as bytes (masked lanes read 0)
     oc = tl.arange(0, cw)
-    codes = tl.load(codes_ptr + rows[:, None] * cw + oc[None, :], mask=row_mask[:, None], other=0)
+    codes = tl.load(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * cw + oc[None, :],
+                    mask=row_mask[:, None], other=0)
     ob = tl.arange(0, COLS // 16)
-    bs = tl.load(bs_ptr + rows[:, None] * (COLS // 16) + ob[None, :], mask=row_mask[:, None], other=0.0)
+    bs = tl.load(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * (COLS // 16) + ob[None, :],
+                 mask=row_mask[:, None], other=0)
     rs = tl.load(rs_ptr + rows, mask=row_mask, other=0.0)
     return dequantize_rows(codes, bs, rs, FMT, R, COLS)
 
@@ -139,9 +178,11 @@ def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.conste
     else:
         cw: tl.constexpr = COLS // 2
     oc = tl.arange(0, cw)
-    tl.store(codes_ptr + rows[:, None] * cw + oc[None, :], codes, mask=row_mask[:, None])
+    tl.store(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * cw + oc[None, :], codes,
+             mask=row_mask[:, None])
     ob = tl.arange(0, COLS // 16)
-    tl.store(bs_ptr + rows[:, None] * (COLS // 16) + ob[None, :], bs, mask=row_mask[:, None])
+    tl.store(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * (COLS // 16) + ob[None, :], bs,
+             mask=row_mask[:, None])
     tl.store(rs_ptr + rows, rs, mask=row_mask)
 
 
@@ -151,7 +192,7 @@ def round_checkpoint(x, index, sr_base, epoch, FMT: tl.constexpr):
     if FMT == CKPT_FP32:
         return x
     elif FMT == CKPT_BF16:
-        return x.to(tl.bfloat16)
+        return bf16_round(x)
     else:
         return fp16_stochastic_round(x, sr_uniform(sr_base, epoch, index))
 

@@ -1,0 +1,10 @@
+"""Kernels run in Triton's interpreter on machines without a GPU (set before triton is imported)."""
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))

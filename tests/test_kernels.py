@@ -1,0 +1,181 @@
+"""Triton kernels == reference backend == fp64 step recurrence.
+
+On a CPU the kernels run in Triton's interpreter on tiny shapes; on a GPU the same tests also
+run at real model dims. Rings and cursors compare bit-exactly; outputs start NaN-poisoned.
+"""
+
+import re
+import zlib
+
+import pytest
+import torch
+
+import replayssm as rs
+from helpers import SPECS, TOL, Params, f64, make_inputs, rms_ratio, step_oracle, token
+from shapes import MODEL_SPECS
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+CASES = {f"tiny-{k}": v for k, v in SPECS.items()}
+if CUDA:
+    CASES.update({f"real-{k}": v for k, v in MODEL_SPECS.items()})
+
+CONFIGS = {
+    "L1": dict(window=1),
+    "L4": dict(window=4),
+    "L16-d7": dict(window=16, max_draft_tokens=7),
+    "L4-d3-fp8": dict(window=4, max_draft_tokens=3, read_format="fp8"),
+    "L8-d2-nvfp4-fp16sr": dict(window=8, max_draft_tokens=2, read_format="nvfp4", checkpoint_dtype="float16_sr"),
+    "L4-d1-bf16": dict(window=4, max_draft_tokens=1, checkpoint_dtype="bfloat16", ring_dtype="bfloat16"),
+}
+
+
+class Twin:
+    """The same inputs through a reference pool, a Triton pool and the fp64 step recurrence."""
+
+    def __init__(self, spec, cfg, n, seed):
+        self.spec, self.cfg, self.n = spec, cfg, n
+        self.pools = {b: rs.StatePool(spec, cfg, num_layers=2, num_slots=n + 2, device=DEVICE, backend=b)
+                      for b in ("reference", "triton")}
+        self.slots = {b: p.alloc(n) for b, p in self.pools.items()}
+        self.gen = torch.Generator().manual_seed(seed)
+        self.params = Params(spec, 2, self.gen)
+        self.state = [torch.zeros(n, *spec.state_shape, dtype=torch.float64, device=DEVICE) for _ in range(2)]
+
+    def _out(self, T):
+        spec = self.spec
+        heads, dim = (spec.num_heads, spec.head_dim) if spec.family == "mamba2" else (spec.num_v_heads, spec.head_v_dim)
+        shape = (self.n, heads, dim) if T is None else (self.n, T, heads, dim)
+        return torch.full(shape, float("nan"), dtype=self.cfg.torch_ring_dtype, device=DEVICE)
+
+    def step(self, layer, T=None, accepted=None):
+        inp = make_inputs(self.spec, self.params, layer, self.n, T, self.gen, self.cfg.torch_ring_dtype, device=DEVICE)
+        fn = rs.decode if T is None else rs.verify
+        ys = {b: fn(p, layer, self.slots[b], out=self._out(T), **inp) for b, p in self.pools.items()}
+        S = self.state[layer]
+        if T is None:
+            y_true, self.state[layer] = step_oracle(self.spec, S, f64(inp))
+        else:
+            outs = []
+            new = S.clone()
+            for t in range(T):
+                yt, S = step_oracle(self.spec, S, f64(token(inp, t)))
+                outs.append(yt)
+                hit = (accepted == t + 1).to(DEVICE)
+                new[hit] = S[hit]
+            y_true, self.state[layer] = torch.stack(outs, 1), new
+        return ys, y_true
+
+    def commit(self, accepted):
+        for b, p in self.pools.items():
+            p.commit(self.slots[b], accepted)
+
+    def assert_same_bits(self):
+        ref, tri = self.pools["reference"], self.pools["triton"]
+        for name in ref.ring:
+            assert torch.equal(ref.ring[name], tri.ring[name]), f"ring {name} differs"
+        for name in ref.cursors:
+            assert torch.equal(ref.cursors[name], tri.cursors[name]), f"cursor {name} differs"
+
+
+def _pair_tol(cfg):
+    if cfg.ring_dtype == "bfloat16":
+        return 2e-2
+    if cfg.read_format != "checkpoint":
+        return 5e-2
+    return 2e-5 if cfg.checkpoint_dtype == "float32" else 1e-2
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_matches_reference_and_recurrence(case, config):
+    spec = CASES[case]
+    cfg = rs.ReplayConfig(**CONFIGS[config])
+    n = 3 if case.startswith("tiny") else 8
+    twin = Twin(spec, cfg, n, seed=zlib.crc32(f"{case}-{config}".encode()) % 2**16)
+    tol_true = TOL[cfg.read_format] if cfg.read_format != "checkpoint" else TOL[cfg.checkpoint_dtype]
+    if cfg.ring_dtype == "bfloat16":
+        tol_true = max(tol_true, 2e-2)
+    steps = 2 * cfg.window + 3
+    errs = []
+    for s in range(steps):
+        if cfg.max_draft_tokens and s % 2:
+            T = 1 + s % cfg.max_tokens
+            acc = torch.randint(1, T + 1, (n,), generator=twin.gen)
+        else:
+            T, acc = None, None
+        for layer in range(2):
+            ys, y_true = twin.step(layer, T, acc)
+            y_ref, y_tri = ys["reference"], ys["triton"]
+            assert torch.isfinite(y_tri).all(), "kernel left outputs unwritten"
+            errs.append(rms_ratio(y_tri, y_ref))
+            assert errs[-1] < _pair_tol(cfg), (s, layer, errs[-1])
+            assert rms_ratio(y_tri, y_true) < tol_true
+        if acc is not None:
+            twin.commit(acc)
+        twin.assert_same_bits()
+    ref, tri = twin.pools["reference"], twin.pools["triton"]
+    ck_tol = 1e-5 if cfg.checkpoint_dtype == "float32" else 2e-2
+    assert rms_ratio(tri.checkpoint.float(), ref.checkpoint.float()) < ck_tol
+    for layer in range(2):
+        st = tri.read_state(layer, twin.slots["triton"])
+        assert rms_ratio(st, twin.state[layer]) < max(ck_tol, TOL[cfg.checkpoint_dtype])
+
+
+@pytest.mark.parametrize("fmt", [dict(), dict(read_format="fp8"), dict(read_format="nvfp4"),
+                                 dict(checkpoint_dtype="bfloat16", read_format="nvfp4"),
+                                 dict(checkpoint_dtype="float16_sr", read_format="fp8")],
+                         ids=["fp32", "fp8", "nvfp4", "bf16-nvfp4", "fp16sr-fp8"])
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_store_checkpoint_is_bit_exact(family, fmt):
+    """write_state through the kernel stores the same checkpoint and read-copy bytes as the reference."""
+    spec = SPECS[family]
+    cfg = rs.ReplayConfig(seed=11, **fmt)
+    pools = {b: rs.StatePool(spec, cfg, num_layers=2, num_slots=4, device=DEVICE, backend=b)
+             for b in ("reference", "triton")}
+    gen = torch.Generator().manual_seed(5)
+    state = (torch.randn(3, *spec.state_shape, generator=gen) * torch.logspace(-4, 3, spec.state_shape[-1])).to(DEVICE)
+    for p in pools.values():
+        slots = p.alloc(3)
+        for _ in range(3):  # several epochs: fresh stochastic-rounding bits each time
+            p.write_state(1, slots, state)
+    ref, tri = pools["reference"], pools["triton"]
+    assert torch.equal(ref.checkpoint.view(torch.uint8), tri.checkpoint.view(torch.uint8))
+    for name in ref.read:
+        assert torch.equal(ref.read[name].view(torch.uint8), tri.read[name].view(torch.uint8)), name
+    assert torch.equal(ref.cursors["epoch"], tri.cursors["epoch"])
+
+
+def test_padded_rows_and_owned_vk_checkpoint():
+    spec = SPECS["kda"]
+    NL, S = 1, 4
+    storage = torch.full((NL, S + 1, spec.num_v_heads, spec.head_v_dim, spec.head_k_dim), float("nan"), device=DEVICE)
+    cfg = rs.ReplayConfig(window=3)
+    tri = rs.StatePool(spec, cfg, num_layers=NL, num_slots=S, device=DEVICE, backend="triton",
+                       checkpoint=storage[:, 1:], state_layout="vk")
+    ref = rs.StatePool(spec, cfg, num_layers=NL, num_slots=S, device=DEVICE, backend="reference")
+    st, sr = tri.alloc(2), ref.alloc(2)
+    gen = torch.Generator().manual_seed(3)
+    params = Params(spec, 1, gen)
+    pad = lambda s: torch.stack((s[0], torch.tensor(-1, device=DEVICE), s[1]))  # noqa: E731
+    for _ in range(7):
+        inp = make_inputs(spec, params, 0, 3, None, gen, device=DEVICE)
+        out = torch.full((3, spec.num_v_heads, spec.head_v_dim), float("nan"), device=DEVICE)
+        y_t = rs.decode(tri, 0, pad(st), out=out, **inp)
+        y_r = rs.decode(ref, 0, pad(sr), **inp)
+        assert y_t[1].eq(0).all() and torch.isfinite(y_t).all()
+        assert rms_ratio(y_t, y_r) < 2e-5
+    assert torch.isnan(storage[:, 0]).all()
+    assert rms_ratio(tri.read_state(0, st), ref.read_state(0, sr)) < 1e-5
+    for name in ref.ring:
+        assert torch.equal(ref.ring[name], tri.ring[name])
+
+
+def test_ops_are_registered_with_mutation_schemas():
+    import replayssm.kernels.ops  # noqa: F401
+    schema = str(torch.ops.replayssm.delta_step.default._schema)
+    for arg in ("checkpoint", "ring_k", "ring_v", "ring_g", "ring_beta", "out"):
+        assert re.search(rf"Tensor\(a\d+!\) {arg},", schema), (arg, schema)
+    assert re.search(r"Tensor count,", schema)  # cursors are read, not written
+    assert "Tensor slots" in str(torch.ops.replayssm.mamba2_step.default._schema)
+    assert hasattr(torch.ops.replayssm, "commit") and hasattr(torch.ops.replayssm, "advance")
