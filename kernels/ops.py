@@ -31,9 +31,10 @@ log = logging.getLogger("replayssm")
 _compiled: set = set()
 
 # Hand-picked tiles (no autotuning: these kernels mutate state). rows = P (Mamba-2) or V (delta).
+# Chosen from ptxas register reports at real dims (no spills for Mamba-2 decode at 8 warps).
 TILES = {
-    "mamba2": {"decode": dict(rows=32, num_warps=4), "verify": dict(rows=32, num_warps=4)},
-    "delta": {"decode": dict(rows=32, num_warps=4), "verify": dict(rows=32, num_warps=4)},
+    "mamba2": {"decode": dict(rows=32, num_warps=8), "verify": dict(rows=32, num_warps=8)},
+    "delta": {"decode": dict(rows=32, num_warps=8), "verify": dict(rows=32, num_warps=8)},
 }
 
 
@@ -62,6 +63,11 @@ def _log_first(key) -> None:
 def _window_block(capacity: int) -> tuple[int, int]:
     bm = max(16, triton.next_power_of_2(capacity))
     return bm, bm.bit_length() - 1
+
+
+def _read_consts(read_format: int, cols: int) -> dict:
+    """Read-copy code width and element max as kernel constants."""
+    return dict(RC_CW=cols if read_format == 1 else cols // 2, RC_EMAX=448.0 if read_format == 1 else 6.0)
 
 
 def _dot_precision(t: torch.Tensor) -> str:
@@ -130,7 +136,7 @@ def mamba2_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
     BP = min(tile["rows"], max(16, triton.next_power_of_2(P)))
     const = dict(T=T, H=H, G=G, P=P, N=N, BP=BP, BM=BM, COMMITTED=committed, HAS_D=D is not None,
                  HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, CKPT_FMT=checkpoint_format,
-                 READ_FMT=read_format, DOT=_dot_precision(checkpoint))
+                 READ_FMT=read_format, DOT=_dot_precision(checkpoint), **_read_consts(read_format, N))
     _log_first(("mamba2_step", tuple(sorted(const.items()))))
     _mamba2_step_fwd_kernel[(triton.cdiv(P, BP), H, n)](
         checkpoint, *checkpoint.stride(), codes, bs, rs, ring_x, ring_dt, ring_B, count, origin, epoch, slots,
@@ -192,7 +198,7 @@ def delta_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     BV = min(tile["rows"], max(16, triton.next_power_of_2(V)))
     const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BV=BV, BM=BM, LOG2_BM=LOG2_BM, COMMITTED=committed,
                  PER_CHANNEL=per_channel, CKPT_FMT=checkpoint_format, READ_FMT=read_format,
-                 DOT=_dot_precision(checkpoint))
+                 DOT=_dot_precision(checkpoint), **_read_consts(read_format, K))
     _log_first(("delta_step", tuple(sorted(const.items()))))
     _delta_step_fwd_kernel[(triton.cdiv(V, BV), HV, n)](
         checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, count, origin, epoch,
@@ -223,7 +229,7 @@ def store_checkpoint(state: torch.Tensor, slots: torch.Tensor, checkpoint: torch
     _store_checkpoint_kernel[(triton.cdiv(rows_n, BR), heads, r)](
         state, *state.stride(), slots, checkpoint, *checkpoint.stride(), codes, bs, rs, epoch, sr_base,
         HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR, IS_DELTA=is_delta, CKPT_FMT=checkpoint_format,
-        READ_FMT=read_format, num_warps=4)
+        READ_FMT=read_format, num_warps=4, **_read_consts(read_format, cols_n))
 
 
 @store_checkpoint.register_fake

@@ -46,6 +46,7 @@ def _delta_step_row(
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, LOG2_BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, DOT: tl.constexpr,
+    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
 ):
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
@@ -117,12 +118,8 @@ def _delta_step_row(
         S0 = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)
     else:
         head = (slot * HV + h) * V
-        if READ_FMT == 1:
-            cw: tl.constexpr = K
-        else:
-            cw: tl.constexpr = K // 2
-        S0 = tl.trans(load_read_copy(rc_codes + head * cw, rc_bs + head * (K // 16), rc_rs + head, ov, vmask,
-                                     READ_FMT, BV, K))                           # [K, BV]
+        S0 = tl.trans(load_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head, ov,
+                                     vmask, READ_FMT, BV, K, RC_CW))                    # [K, BV]
 
     # UT transform: (I + A) D = beta (v - S0^T k~);  o = scale (S0^T q~ + W D)
     U = tl.dot(kt, S0, input_precision=DOT)                                     # [BM, BV]
@@ -152,12 +149,8 @@ def _delta_step_row(
         tl.store(ck, stored, mask=vmask[None, :])
         if READ_FMT != READ_CHECKPOINT:
             head = (slot * HV + h) * V
-            if READ_FMT == 1:
-                cw2: tl.constexpr = K
-            else:
-                cw2: tl.constexpr = K // 2
-            store_read_copy(rc_codes + head * cw2, rc_bs + head * (K // 16), rc_rs + head,
-                            tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, BV, K)
+            store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head,
+                            tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, RC_EMAX, BV, K, RC_CW)
 
     # append the tokens' raw inputs at ring entries (origin + count + t) % C
     tl.store(rv + pos[:, None] * V + ov[None, :], v_w, mask=new[:, None] & vmask[None, :])
@@ -188,6 +181,7 @@ def _delta_step_fwd_kernel(
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, LOG2_BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, DOT: tl.constexpr,
+    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
 ):
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slots + i)
@@ -201,4 +195,5 @@ def _delta_step_fwd_kernel(
             count_ptr, origin_ptr, epoch_ptr, pid_v, h, i, slot,
             q, q_r, q_t, q_h, k, k_r, k_t, k_h, v, v_r, v_t, v_h, g, g_r, g_t, g_h, beta, be_r, be_t,
             out, o_r, o_t, o_h, scale, window, capacity, sr_base,
-            T, HK, HV, K, V, BV, BM, LOG2_BM, COMMITTED, PER_CHANNEL, CKPT_FMT, READ_FMT, DOT)
+            T, HK, HV, K, V, BV, BM, LOG2_BM, COMMITTED, PER_CHANNEL, CKPT_FMT, READ_FMT, DOT,
+            RC_CW, RC_EMAX)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# read formats and checkpoint formats as kernel constants
-READ_CHECKPOINT, READ_FP8, READ_NVFP4 = 0, 1, 2
-CKPT_FP32, CKPT_BF16, CKPT_FP16_SR = 0, 1, 2
-READ_CODES = {"checkpoint": READ_CHECKPOINT, "fp8": READ_FP8, "nvfp4": READ_NVFP4}
-CKPT_CODES = {"float32": CKPT_FP32, "bfloat16": CKPT_BF16, "float16_sr": CKPT_FP16_SR}
+# read formats and checkpoint formats: host codes and the same values as kernel constants
+READ_CODES = {"checkpoint": 0, "fp8": 1, "nvfp4": 2}
+CKPT_CODES = {"float32": 0, "bfloat16": 1, "float16_sr": 2}
+READ_CHECKPOINT, READ_FP8, READ_NVFP4 = (tl.constexpr(v) for v in READ_CODES.values())
+CKPT_FP32, CKPT_BF16, CKPT_FP16_SR = (tl.constexpr(v) for v in CKPT_CODES.values())
 
 
 @triton.jit
@@ -109,10 +109,9 @@ def e2m1_decode(code):
 
 
 @triton.jit
-def quantize_rows(x, FMT: tl.constexpr, R: tl.constexpr, COLS: tl.constexpr):
-    """Encode ``x [R, COLS]`` fp32 rows: ``(codes [R, COLS] or [R, COLS/2], block_scale e4m3
-    [R, COLS/16], row_scale fp32 [R])``."""
-    EMAX: tl.constexpr = 448.0 if FMT == READ_FP8 else 6.0
+def quantize_rows(x, FMT: tl.constexpr, EMAX: tl.constexpr, R: tl.constexpr, COLS: tl.constexpr):
+    """Encode ``x [R, COLS]`` fp32 rows (EMAX: 448 for fp8, 6 for nvfp4): ``(codes [R, COLS] or
+    [R, COLS/2], block_scale e4m3 [R, COLS/16], row_scale fp32 [R])``."""
     xb = tl.reshape(x, (R, COLS // 16, 16))
     amax_b = tl.max(tl.abs(xb), axis=2)
     amax_r = tl.max(amax_b, axis=1)
@@ -148,18 +147,15 @@ def dequantize_rows(codes, block_scale, row_scale, FMT: tl.constexpr, R: tl.cons
 
 @triton.jit
 def load_read_copy(codes_ptr, bs_ptr, rs_ptr, rows, row_mask, FMT: tl.constexpr, R: tl.constexpr,
-                   COLS: tl.constexpr):
+                   COLS: tl.constexpr, CW: tl.constexpr):
     """Load and decode rows ``rows [R]`` of one (slot, head) read copy; returns fp32 ``[R, COLS]``.
 
-    Pointers point at the (slot, head) base of contiguous ``[rows, cols]`` buffers.
+    Pointers point at the (slot, head) base of contiguous ``[rows, CW]`` code buffers (CW = COLS
+    for fp8, COLS / 2 for nvfp4) and ``[rows, COLS / 16]`` block scales.
     """
-    if FMT == READ_FP8:
-        cw: tl.constexpr = COLS
-    else:
-        cw: tl.constexpr = COLS // 2
     # fp8 buffers move as bytes (masked lanes read 0)
-    oc = tl.arange(0, cw)
-    codes = tl.load(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * cw + oc[None, :],
+    oc = tl.arange(0, CW)
+    codes = tl.load(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * CW + oc[None, :],
                     mask=row_mask[:, None], other=0)
     ob = tl.arange(0, COLS // 16)
     bs = tl.load(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * (COLS // 16) + ob[None, :],
@@ -169,16 +165,12 @@ def load_read_copy(codes_ptr, bs_ptr, rs_ptr, rows, row_mask, FMT: tl.constexpr,
 
 
 @triton.jit
-def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.constexpr, R: tl.constexpr,
-                    COLS: tl.constexpr):
+def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.constexpr, EMAX: tl.constexpr,
+                    R: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr):
     """Encode fp32 ``x [R, COLS]`` and store it as rows ``rows`` of one (slot, head) read copy."""
-    codes, bs, rs = quantize_rows(x, FMT, R, COLS)
-    if FMT == READ_FP8:
-        cw: tl.constexpr = COLS
-    else:
-        cw: tl.constexpr = COLS // 2
-    oc = tl.arange(0, cw)
-    tl.store(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * cw + oc[None, :], codes,
+    codes, bs, rs = quantize_rows(x, FMT, EMAX, R, COLS)
+    oc = tl.arange(0, CW)
+    tl.store(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * CW + oc[None, :], codes,
              mask=row_mask[:, None])
     ob = tl.arange(0, COLS // 16)
     tl.store(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * (COLS // 16) + ob[None, :], bs,
@@ -205,7 +197,8 @@ def _store_checkpoint_kernel(
     codes, block_scale, row_scale,             # read copy of one layer, contiguous [S, heads, rows, ...]
     epoch, sr_base,                            # [S + 1] int32; uint32 scalar
     HEADS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, BR: tl.constexpr,
-    IS_DELTA: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
+    IS_DELTA: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr,
+    RC_EMAX: tl.constexpr,
 ):
     # Read layout [rows, cols]: Mamba-2 [P, N] = canonical; delta [V, K] = canonical [K, V] transposed.
     pid_r, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -224,10 +217,6 @@ def _store_checkpoint_kernel(
     stored = round_checkpoint(x, index, sr_base, ep, CKPT_FMT)
     tl.store(ckpt + slot * c_s + h * c_h + off_a * c_a + off_b * c_b, stored, mask=rmask[:, None])
     if READ_FMT != READ_CHECKPOINT:
-        if READ_FMT == READ_FP8:
-            cw: tl.constexpr = COLS
-        else:
-            cw: tl.constexpr = COLS // 2
         head = (slot * HEADS + h) * ROWS
-        store_read_copy(codes + head * cw, block_scale + head * (COLS // 16), row_scale + head,
-                        stored.to(tl.float32), rows, rmask, READ_FMT, BR, COLS)
+        store_read_copy(codes + head * RC_CW, block_scale + head * (COLS // 16), row_scale + head,
+                        stored.to(tl.float32), rows, rmask, READ_FMT, RC_EMAX, BR, COLS, RC_CW)

@@ -40,6 +40,7 @@ def _mamba2_step_row(
     BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, DOT: tl.constexpr,
+    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
 ):
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
@@ -83,12 +84,8 @@ def _mamba2_step_row(
         S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)
     else:
         head = (slot * H + h) * P
-        if READ_FMT == 1:
-            cw: tl.constexpr = N
-        else:
-            cw: tl.constexpr = N // 2
-        S0 = load_read_copy(rc_codes + head * cw, rc_bs + head * (N // 16), rc_rs + head, op, pmask,
-                            READ_FMT, BP, N)                                   # [BP, N]
+        S0 = load_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head, op, pmask,
+                            READ_FMT, BP, N, RC_CW)                                   # [BP, N]
 
     # outputs: y_j = exp(lam_j) S0 C_j + sum_{r<=j} exp(lam_j - lam_r) dt'_r (B_r . C_j) x_r
     if T == 1:
@@ -134,12 +131,8 @@ def _mamba2_step_row(
         tl.store(ck, stored, mask=pmask[:, None])
         if READ_FMT != READ_CHECKPOINT:
             head = (slot * H + h) * P
-            if READ_FMT == 1:
-                cw2: tl.constexpr = N
-            else:
-                cw2: tl.constexpr = N // 2
-            store_read_copy(rc_codes + head * cw2, rc_bs + head * (N // 16), rc_rs + head,
-                            stored.to(tl.float32), op, pmask, READ_FMT, BP, N)
+            store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head,
+                            stored.to(tl.float32), op, pmask, READ_FMT, RC_EMAX, BP, N, RC_CW)
 
     # append this step's tokens at ring entries (origin + count + t) % C
     tl.store(rx + pos[:, None] * P + op[None, :], x_w, mask=new[:, None] & pmask[None, :])
@@ -168,6 +161,7 @@ def _mamba2_step_fwd_kernel(
     BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, DOT: tl.constexpr,
+    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
 ):
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slots + i)
@@ -181,4 +175,5 @@ def _mamba2_step_fwd_kernel(
             count_ptr, origin_ptr, epoch_ptr, pid_p, h, i, slot,
             x, x_r, x_t, x_h, dt, dt_r, dt_t, A, D, dt_bias, B, b_r, b_t, b_g, C, cc_r, cc_t, cc_g,
             z, z_r, z_t, z_h, out, o_r, o_t, o_h, window, capacity, sr_base,
-            T, H, G, P, N, BP, BM, COMMITTED, HAS_D, HAS_Z, HAS_DT_BIAS, CKPT_FMT, READ_FMT, DOT)
+            T, H, G, P, N, BP, BM, COMMITTED, HAS_D, HAS_Z, HAS_DT_BIAS, CKPT_FMT, READ_FMT, DOT,
+            RC_CW, RC_EMAX)
