@@ -4,7 +4,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+rm -rf /tmp/site build *.egg-info
+python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
