@@ -374,7 +374,10 @@ def main():
           "| triton", triton.__version__, flush=True)
     src = torch.empty(2 ** 28, device=DEV)
     dst = torch.empty_like(src)
-    record("copy", 0, "device copy 2 GiB (read+write)", timed(lambda: dst.copy_(src)), 2 * src.numel() * 4)
+    record("copy", 0, "device copy 1 GiB (read+write)", timed(lambda: dst.copy_(src)), 2 * src.numel() * 4)
+    record("copy", 0, "device copy 1 GiB, no graph", timed(lambda: dst.copy_(src), graph=False), 2 * src.numel() * 4)
+    record("copy", 0, "read floor 1 GiB", timed(read_floor(src)), src.numel() * 4)
+    record("copy", 0, "read+write floor 1 GiB", timed(rw_floor(src)), 2 * src.numel() * 4)
     del src, dst
     for name in args.models.split(","):
         spec = MODEL_SPECS[name]

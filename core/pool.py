@@ -56,6 +56,8 @@ class StatePool:
         self.spec, self.cfg = spec, cfg
         self.num_layers, self.num_slots = num_layers, num_slots
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.backend = _resolve_backend(backend, self.device)
         if self.backend == "triton":
             from replayssm.kernels import backend as kernel_backend
