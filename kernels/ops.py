@@ -31,10 +31,11 @@ log = logging.getLogger("replayssm")
 _compiled: set = set()
 
 # Hand-picked tiles (no autotuning: these kernels mutate state). rows = P (Mamba-2) or V (delta).
-# Chosen from ptxas register reports at real dims (no spills for Mamba-2 decode at 8 warps).
+# One program per (row, head) walks the head's rows (P or V) in tiles of ``rows``.
 TILES = {
-    "mamba2": {"decode": dict(rows=32, num_warps=8), "verify": dict(rows=32, num_warps=8)},
-    "delta": {"decode": dict(rows=32, num_warps=8), "verify": dict(rows=32, num_warps=8)},
+    "mamba2": {"decode": dict(rows=32, num_warps=4, stages=2), "verify": dict(rows=32, num_warps=4, stages=2)},
+    "delta": {"decode": dict(rows=32, chunk=32, num_warps=8, stages=1),
+              "verify": dict(rows=32, chunk=32, num_warps=8, stages=1)},
 }
 
 
@@ -138,11 +139,13 @@ def mamba2_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
                  HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, CKPT_FMT=checkpoint_format,
                  READ_FMT=read_format, DOT=_dot_precision(checkpoint), **_read_consts(read_format, N))
     _log_first(("mamba2_step", tuple(sorted(const.items()))))
-    _mamba2_step_fwd_kernel[(triton.cdiv(P, BP), H, n)](
-        checkpoint, *checkpoint.stride(), codes, bs, rs, ring_x, ring_dt, ring_B, count, origin, epoch, slots,
-        x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A, dt_bias if dt_bias is not None else A,
-        B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3], out, *out.stride()[:3],
-        window, C_cap, sr_base, num_warps=tile["num_warps"], **const)
+    for flush_pass in (False, True):
+        _mamba2_step_fwd_kernel[(n, H)](
+            checkpoint, *checkpoint.stride(), codes, bs, rs, ring_x, ring_dt, ring_B, count, origin, epoch, slots,
+            x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A,
+            dt_bias if dt_bias is not None else A, B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3],
+            out, *out.stride()[:3], window, C_cap, sr_base, num_warps=tile["num_warps"], FLUSH_PASS=flush_pass,
+            STAGES=tile["stages"], **const)
 
 
 @mamba2_step.register_fake
@@ -196,15 +199,16 @@ def delta_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     tile = TILES["delta"]["decode" if T == 1 else "verify"]
     BM, LOG2_BM = _window_block(C_cap)
     BV = min(tile["rows"], max(16, triton.next_power_of_2(V)))
-    const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BV=BV, BM=BM, LOG2_BM=LOG2_BM, COMMITTED=committed,
+    const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BV=BV, BK=min(tile["chunk"], K), BM=BM, LOG2_BM=LOG2_BM, COMMITTED=committed,
                  PER_CHANNEL=per_channel, CKPT_FMT=checkpoint_format, READ_FMT=read_format,
                  DOT=_dot_precision(checkpoint), **_read_consts(read_format, K))
     _log_first(("delta_step", tuple(sorted(const.items()))))
-    _delta_step_fwd_kernel[(triton.cdiv(V, BV), HV, n)](
-        checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, count, origin, epoch,
-        slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
-        *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base,
-        num_warps=tile["num_warps"], **const)
+    for flush_pass in (False, True):
+        _delta_step_fwd_kernel[(n, HV)](
+            checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, count, origin, epoch,
+            slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
+            *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base,
+            num_warps=tile["num_warps"], FLUSH_PASS=flush_pass, STAGES=tile["stages"], **const)
 
 
 @delta_step.register_fake

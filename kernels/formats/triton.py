@@ -109,12 +109,12 @@ def e2m1_decode(code):
 
 
 @triton.jit
-def quantize_rows(x, FMT: tl.constexpr, EMAX: tl.constexpr, R: tl.constexpr, COLS: tl.constexpr):
-    """Encode ``x [R, COLS]`` fp32 rows (EMAX: 448 for fp8, 6 for nvfp4): ``(codes [R, COLS] or
-    [R, COLS/2], block_scale e4m3 [R, COLS/16], row_scale fp32 [R])``."""
+def quantize_rows(x, amax_r, FMT: tl.constexpr, EMAX: tl.constexpr, R: tl.constexpr, COLS: tl.constexpr):
+    """Encode ``x [R, COLS]`` fp32 (a whole row, or a chunk of it with the row's ``amax_r [R]``);
+    EMAX: 448 for fp8, 6 for nvfp4. Returns ``(codes [R, COLS] or [R, COLS/2] bytes, block_scale
+    bytes [R, COLS/16], row_scale fp32 [R])``."""
     xb = tl.reshape(x, (R, COLS // 16, 16))
     amax_b = tl.max(tl.abs(xb), axis=2)
-    amax_r = tl.max(amax_b, axis=1)
     row_scale = amax_r / (EMAX * 448.0)
     safe_row = tl.where(row_scale > 0, row_scale, 1.0)
     block_scale = e4m3_encode(tl.minimum(amax_b / (EMAX * safe_row[:, None]), 448.0)).to(tl.uint8)
@@ -128,7 +128,7 @@ def quantize_rows(x, FMT: tl.constexpr, EMAX: tl.constexpr, R: tl.constexpr, COL
         c = tl.reshape(e2m1_encode(q).to(tl.int32), (R, COLS // 2, 2))
         even, odd = tl.split(c)
         codes = (even | (odd << 4)).to(tl.uint8)
-    return codes, block_scale, row_scale  # codes and block scales as bytes
+    return codes, block_scale, row_scale
 
 
 @triton.jit
@@ -147,35 +147,52 @@ def dequantize_rows(codes, block_scale, row_scale, FMT: tl.constexpr, R: tl.cons
 
 @triton.jit
 def load_read_copy(codes_ptr, bs_ptr, rs_ptr, rows, row_mask, FMT: tl.constexpr, R: tl.constexpr,
-                   COLS: tl.constexpr, CW: tl.constexpr):
-    """Load and decode rows ``rows [R]`` of one (slot, head) read copy; returns fp32 ``[R, COLS]``.
+                   COLS: tl.constexpr, CODE_STRIDE: tl.constexpr, BS_STRIDE: tl.constexpr):
+    """Load and decode ``COLS`` columns of rows ``rows [R]`` of a read copy; fp32 ``[R, COLS]``.
 
-    Pointers point at the (slot, head) base of contiguous ``[rows, CW]`` code buffers (CW = COLS
-    for fp8, COLS / 2 for nvfp4) and ``[rows, COLS / 16]`` block scales.
+    ``codes_ptr`` / ``bs_ptr`` point at the first column of row 0 (codes: bytes, one per column for
+    fp8, two columns per byte for nvfp4; block scales: one byte per 16 columns); rows are
+    ``CODE_STRIDE`` / ``BS_STRIDE`` bytes apart. ``rs_ptr`` holds one fp32 scale per row.
     """
+    if FMT == READ_FP8:
+        oc = tl.arange(0, COLS)
+    else:
+        oc = tl.arange(0, COLS // 2)
     # fp8 buffers move as bytes (masked lanes read 0)
-    oc = tl.arange(0, CW)
-    codes = tl.load(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * CW + oc[None, :],
+    codes = tl.load(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * CODE_STRIDE + oc[None, :],
                     mask=row_mask[:, None], other=0)
     ob = tl.arange(0, COLS // 16)
-    bs = tl.load(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * (COLS // 16) + ob[None, :],
+    bs = tl.load(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * BS_STRIDE + ob[None, :],
                  mask=row_mask[:, None], other=0)
     rs = tl.load(rs_ptr + rows, mask=row_mask, other=0.0)
     return dequantize_rows(codes, bs, rs, FMT, R, COLS)
 
 
 @triton.jit
-def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.constexpr, EMAX: tl.constexpr,
-                    R: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr):
-    """Encode fp32 ``x [R, COLS]`` and store it as rows ``rows`` of one (slot, head) read copy."""
-    codes, bs, rs = quantize_rows(x, FMT, EMAX, R, COLS)
-    oc = tl.arange(0, CW)
-    tl.store(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * CW + oc[None, :], codes,
+def store_read_copy_chunk(codes_ptr, bs_ptr, rs_ptr, x, amax_r, rows, row_mask, write_row_scale,
+                          FMT: tl.constexpr, EMAX: tl.constexpr, R: tl.constexpr, COLS: tl.constexpr,
+                          CODE_STRIDE: tl.constexpr, BS_STRIDE: tl.constexpr):
+    """Encode fp32 ``x [R, COLS]`` (columns of rows whose whole-row amax is ``amax_r``) and store
+    it; pointers as in :func:`load_read_copy`. The row scales are stored when ``write_row_scale``."""
+    codes, bs, rs = quantize_rows(x, amax_r, FMT, EMAX, R, COLS)
+    if FMT == READ_FP8:
+        oc = tl.arange(0, COLS)
+    else:
+        oc = tl.arange(0, COLS // 2)
+    tl.store(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * CODE_STRIDE + oc[None, :], codes,
              mask=row_mask[:, None])
     ob = tl.arange(0, COLS // 16)
-    tl.store(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * (COLS // 16) + ob[None, :], bs,
+    tl.store(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * BS_STRIDE + ob[None, :], bs,
              mask=row_mask[:, None])
-    tl.store(rs_ptr + rows, rs, mask=row_mask)
+    tl.store(rs_ptr + rows, rs, mask=row_mask & write_row_scale)
+
+
+@triton.jit
+def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.constexpr, EMAX: tl.constexpr,
+                    R: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr):
+    """Encode whole rows ``x [R, COLS]`` fp32 and store them as rows ``rows`` of a (slot, head) read copy."""
+    store_read_copy_chunk(codes_ptr, bs_ptr, rs_ptr, x, tl.max(tl.abs(x), axis=1), rows, row_mask, True, FMT, EMAX,
+                          R, COLS, CW, COLS // 16)
 
 
 @triton.jit
