@@ -53,7 +53,7 @@ def _window_inputs(pool, layer, rows, width, new):
     hist, valid = _history(pool, layer, rows, width)
     T = next(iter(new.values())).shape[2]
     valid = torch.cat((valid, torch.ones(valid.shape[0], T, dtype=torch.bool, device=valid.device)), dim=1)
-    return {name: torch.cat((hist[name].float(), new[name].float()), dim=2) for name in hist}, valid
+    return {name: torch.cat((hist[name].float(), new[name].float()), dim=2) for name in new}, valid
 
 
 def _tokens_first(inputs: dict, names) -> dict[str, torch.Tensor]:
@@ -109,6 +109,7 @@ def _step_rows(pool, layer: int, host_rows: torch.Tensor, inputs: dict, committe
         if bool(flush.any()):
             S_new = dref.delta_window_fold(S0[flush], k[flush], d[flush], gam[flush], upto)
             pool._store(layer, host_rows[flush.cpu()], S_new)
+        new["d"] = d[:, :, width:]                       # the tokens' d, cached for later outputs
     _append(pool, layer, rows, new)
     ring.advance(pool.cursors, layer, rows, T, cfg, committed=committed)
     return y

@@ -16,7 +16,11 @@ CURSOR_FIELDS = ("count", "origin", "pending", "epoch")
 
 
 def ring_buffers(spec: LayerSpec, cfg: ReplayConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Per-slot ring buffers: name -> (shape ``[heads, capacity, ...]``, dtype)."""
+    """Per-slot ring buffers: name -> (shape ``[heads, capacity, ...]``, dtype).
+
+    Every buffer holds raw inputs except the delta families' ``d``: the delta vector each token
+    got from the state its step read, cached for later steps' outputs and never folded.
+    """
     C, act, f32 = cfg.capacity, cfg.torch_ring_dtype, torch.float32
     if spec.family == "mamba2":
         return {
@@ -30,6 +34,7 @@ def ring_buffers(spec: LayerSpec, cfg: ReplayConfig) -> dict[str, tuple[tuple[in
         "v": ((spec.num_v_heads, C, spec.head_v_dim), act),
         "g": (g_shape, f32),
         "beta": ((spec.num_v_heads, C), f32),
+        "d": ((spec.num_v_heads, C, spec.head_v_dim), f32),
     }
 
 

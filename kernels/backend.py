@@ -40,8 +40,8 @@ def step(pool, layer: int, slots: torch.Tensor, host: torch.Tensor, inputs: dict
                         cfg.window, committed, **fmt)
         T = inputs["x"].shape[1]
     else:
-        ops.delta_step(pool.checkpoint[layer], *read, ring["k"], ring["v"], ring["g"], ring["beta"], count, origin,
-                       epoch, slots, inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], out,
+        ops.delta_step(pool.checkpoint[layer], *read, ring["k"], ring["v"], ring["g"], ring["beta"], ring["d"], count,
+                       origin, epoch, slots, inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], out,
                        float(inputs["scale"]), cfg.window, committed, **fmt)
         T = inputs["v"].shape[1]
     cur = pool.cursors

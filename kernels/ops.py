@@ -34,8 +34,7 @@ _compiled: set = set()
 # One program per (row, head) walks the head's rows (P or V) in tiles of ``rows``.
 TILES = {
     "mamba2": {"decode": dict(rows=32, num_warps=4, stages=2), "verify": dict(rows=32, num_warps=4, stages=2)},
-    "delta": {"decode": dict(rows=32, chunk=32, num_warps=8, stages=1),
-              "verify": dict(rows=32, chunk=32, num_warps=8, stages=1)},
+    "delta": {"decode": dict(rows=32, num_warps=4), "verify": dict(rows=32, num_warps=8)},
 }
 
 
@@ -155,10 +154,12 @@ def _(checkpoint, read_codes, read_block_scale, read_row_scale, ring_x, ring_dt,
 
 
 @torch.library.custom_op("replayssm::delta_step", mutates_args=(
-    "checkpoint", "read_codes", "read_block_scale", "read_row_scale", "ring_k", "ring_v", "ring_g", "ring_beta", "out"))
+    "checkpoint", "read_codes", "read_block_scale", "read_row_scale", "ring_k", "ring_v", "ring_g", "ring_beta",
+    "ring_d", "out"))
 def delta_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], read_block_scale: Optional[torch.Tensor],
                read_row_scale: Optional[torch.Tensor], ring_k: torch.Tensor, ring_v: torch.Tensor,
-               ring_g: torch.Tensor, ring_beta: torch.Tensor, count: torch.Tensor, origin: torch.Tensor,
+               ring_g: torch.Tensor, ring_beta: torch.Tensor, ring_d: torch.Tensor, count: torch.Tensor,
+               origin: torch.Tensor,
                epoch: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, scale: float, window: int, committed: bool,
                checkpoint_format: int, read_format: int, sr_base: int) -> None:
@@ -172,6 +173,7 @@ def delta_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     | ring_v      | [S, HV, C, V]               | ring dtype     | inout |
     | ring_g      | [S, HV, C] or [S, HV, C, K] | fp32           | inout |
     | ring_beta   | [S, HV, C]                  | fp32           | inout |
+    | ring_d      | [S, HV, C, V] (output cache)| fp32           | inout |
     | count, origin, epoch | [S + 1]            | int32          | in    |
     | slots       | [n]                         | int64 (-1 pad) | in    |
     | q, k        | [n, T, HK, K]               | float / ring   | in    |
@@ -189,6 +191,7 @@ def delta_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     _require("ring_v", ring_v, (S, HV, C_cap, V), ring_k.dtype, contiguous=True)
     _require("ring_g", ring_g, (S, HV, C_cap, K) if per_channel else (S, HV, C_cap), torch.float32, contiguous=True)
     _require("ring_beta", ring_beta, (S, HV, C_cap), torch.float32, contiguous=True)
+    _require("ring_d", ring_d, (S, HV, C_cap, V), torch.float32, contiguous=True)
     _require("q", q, (n, T, HK, K))
     _require("k", k, (n, T, HK, K), ring_k.dtype)
     _require("v", v, (n, T, HV, V), ring_k.dtype)
@@ -197,23 +200,22 @@ def delta_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     _require("out", out, (n, T, HV, V))
     codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_beta)
     tile = TILES["delta"]["decode" if T == 1 else "verify"]
-    BM, LOG2_BM = _window_block(C_cap)
+    BM, _ = _window_block(C_cap)
     BV = min(tile["rows"], max(16, triton.next_power_of_2(V)))
-    const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BV=BV, BK=min(tile["chunk"], K), BM=BM, LOG2_BM=LOG2_BM, COMMITTED=committed,
-                 PER_CHANNEL=per_channel, CKPT_FMT=checkpoint_format, READ_FMT=read_format,
-                 DOT=_dot_precision(checkpoint), **_read_consts(read_format, K))
+    const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BV=BV, BM=BM, COMMITTED=committed, PER_CHANNEL=per_channel,
+                 CKPT_FMT=checkpoint_format, READ_FMT=read_format, **_read_consts(read_format, K))
     _log_first(("delta_step", tuple(sorted(const.items()))))
     for flush_pass in (False, True):
-        _delta_step_fwd_kernel[(n, HV)](
-            checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, count, origin, epoch,
-            slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
+        _delta_step_fwd_kernel[(triton.cdiv(V, BV), HV, n)](
+            checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,
+            epoch, slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
             *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base,
-            num_warps=tile["num_warps"], FLUSH_PASS=flush_pass, STAGES=tile["stages"], **const)
+            num_warps=tile["num_warps"], FLUSH_PASS=flush_pass, **const)
 
 
 @delta_step.register_fake
-def _(checkpoint, read_codes, read_block_scale, read_row_scale, ring_k, ring_v, ring_g, ring_beta, count, origin,
-      epoch, slots, q, k, v, g, beta, out, scale, window, committed, checkpoint_format, read_format, sr_base):
+def _(checkpoint, read_codes, read_block_scale, read_row_scale, ring_k, ring_v, ring_g, ring_beta, ring_d, count,
+      origin, epoch, slots, q, k, v, g, beta, out, scale, window, committed, checkpoint_format, read_format, sr_base):
     return None
 
 

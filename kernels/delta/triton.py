@@ -1,13 +1,15 @@
-"""Gated DeltaNet / KDA replay step in Triton: decode (T = 1) and verify (T tokens) in one launch.
+"""Gated DeltaNet / KDA replay step in Triton: decode (T = 1) and verify (T tokens).
 
-One program per (row, value head). The key side of the window (decays, A, the unit-lower-
-triangular inverse by repeated squaring, the query-key weights) is computed once; then the
-program walks V in tiles: reads the checkpoint tile (flush rows) or read-copy tile (other rows)
-``S0 [K, BV]``, applies the UT transform (every window key against S0 in one small matmul),
-writes the outputs and appends v to the ring. Launched twice per step (``FLUSH_PASS`` False /
-True), each pass handling only its rows; the flush pass also folds and stores the checkpoint
-and its read copy. Cursors are only read.
-Derivation: README.md beside this file; reference: reference.py.
+One program per (V-tile, value head, row) holding ``S [K, BV]`` in registers; no matmuls.
+- Non-flush rows read the read copy (or checkpoint) and evaluate each token in output-only form:
+  ``u_t = S0ᵀ(e^{Γ_t} ⊙ k_t) + Σ_{j<t} c_tj d_j``, ``d_t = β_t (v_t - u_t)``,
+  ``o_t = scale [S0ᵀ(e^{Γ_t} ⊙ q_t) + Σ_{j<=t} ĉ_tj d_j]`` with the d of earlier entries taken from
+  the ring's d cache. The new d is cached for later steps' outputs; the state is not written.
+- Flush rows replay the committed window step by step from the exact checkpoint using the raw
+  inputs (k, v, g, beta), store the folded checkpoint and its read copy, then evaluate this step's
+  tokens from it. The cached d never reaches the checkpoint.
+Launched twice per step (``FLUSH_PASS`` False / True), each pass handling only its rows.
+Cursors are only read. Derivation: README.md beside this file; reference: reference.py.
 """
 
 from __future__ import annotations
@@ -16,42 +18,41 @@ import triton
 import triton.language as tl
 
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, round_checkpoint,
-                                              store_read_copy_chunk)
+                                              store_read_copy)
 
 
 @triton.jit
-def _inv_unit_lower(A, e, BM: tl.constexpr, LOG2_BM: tl.constexpr, DOT: tl.constexpr):
-    """(I + A)^-1 for strictly lower A [BM, BM]: (I - A)(I + A^2)(I + A^4)... (A is nilpotent)."""
-    eye = (e[:, None] == e[None, :]).to(tl.float32)
-    inv = eye - A
-    P = A
-    for _ in tl.static_range(LOG2_BM - 1):
-        P = tl.dot(P, P, input_precision=DOT)
-        inv = tl.dot(inv, eye + P, input_precision=DOT)
-    return inv
-
-
-@triton.jit
-def _key_chunk(rk, k, i, k_r, k_t, k_h, hk, rg, g, g_r, g_t, g_h, h, pos, tok, hist, new, c0,
-               K: tl.constexpr, BK: tl.constexpr, PER_CHANNEL: tl.constexpr):
-    """Window keys and (KDA) gates of key channels ``c0 .. c0 + BK``: ``(k [BM, BK] fp32, g [BM, BK])``."""
-    oc = c0 + tl.arange(0, BK)
-    kc = (tl.load(rk + pos[:, None] * K + oc[None, :], mask=hist[:, None], other=0.0)
-          + tl.load(k + i * k_r + tok[:, None] * k_t + hk * k_h + oc[None, :], mask=new[:, None], other=0.0))
-    if PER_CHANNEL:
-        gc = (tl.load(rg + pos[:, None] * K + oc[None, :], mask=hist[:, None], other=0.0)
-              + tl.load(g + i * g_r + tok[:, None] * g_t + h * g_h + oc[None, :], mask=new[:, None],
-                        other=0.0).to(tl.float32))
+def _entry(rk, rv, rg, rbeta, k, v, g, beta, i, k_r, k_t, k_h, v_r, v_t, v_h, g_r, g_t, g_h, be_r, be_t,
+           hk, h, j, count, origin, capacity, ok, ov, vmask, K: tl.constexpr, V: tl.constexpr,
+           PER_CHANNEL: tl.constexpr):
+    """Raw inputs of window entry j (ring for j < count, else token j - count): k [K], v [BV], g, beta."""
+    if j < count:
+        p = (origin + j) % capacity
+        kj = tl.load(rk + p * K + ok).to(tl.float32)
+        vj = tl.load(rv + p * V + ov, mask=vmask, other=0.0).to(tl.float32)
+        if PER_CHANNEL:
+            gj = tl.load(rg + p * K + ok)
+        else:
+            gj = tl.load(rg + p)
+        bj = tl.load(rbeta + p)
     else:
-        gc = tl.zeros([1, BK], tl.float32)
-    return kc, gc
+        t = j - count
+        kj = tl.load(k + i * k_r + t * k_t + hk * k_h + ok).to(tl.float32)
+        vj = tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask, other=0.0).to(tl.float32)
+        if PER_CHANNEL:
+            gj = tl.load(g + i * g_r + t * g_t + h * g_h + ok).to(tl.float32)
+        else:
+            gj = tl.load(g + i * g_r + t * g_t + h).to(tl.float32)
+        bj = tl.load(beta + i * be_r + t * be_t + h).to(tl.float32)
+    return kj, vj, gj, bj
 
 
 @triton.jit
 def _delta_step_fwd_kernel(
     ckpt, c_s, c_h, c_k, c_v,                  # [S, HV, K, V] checkpoint (any strides)
     rc_codes, rc_bs, rc_rs,                    # read copy, contiguous [S, HV, V, ...]
-    ring_k, ring_v, ring_g, ring_beta,         # contiguous [S, HK, C, K], [S, HV, C, V], [S, HV, C(, K)], [S, HV, C]
+    ring_k, ring_v, ring_g, ring_beta, ring_d,  # contiguous [S, HK, C, K], [S, HV, C, V], [S, HV, C(, K)],
+                                               # [S, HV, C], [S, HV, C, V] (fp32 d cache)
     count_ptr, origin_ptr, epoch_ptr,          # [S + 1] int32
     slots,                                     # [n] int64, -1 = padded row
     q, q_r, q_t, q_h,                          # [n, T, HK, K]
@@ -62,11 +63,13 @@ def _delta_step_fwd_kernel(
     out, o_r, o_t, o_h,                        # [n, T, HV, V]
     scale, window, capacity, sr_base,
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BV: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, LOG2_BM: tl.constexpr, COMMITTED: tl.constexpr,
-    FLUSH_PASS: tl.constexpr, PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
-    DOT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr,
+    BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr, FLUSH_PASS: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
+    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
 ):
-    i, h = tl.program_id(0), tl.program_id(1)
+    pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ov = pid_v * BV + tl.arange(0, BV)
+    vmask = ov < V
     slot = tl.load(slots + i)
     valid = slot >= 0
     sl = tl.maximum(slot, 0)
@@ -74,146 +77,125 @@ def _delta_step_fwd_kernel(
     is_flush = count + T >= window
     if not valid:
         if not FLUSH_PASS:
-            for v0 in tl.range(0, V, BV):
-                ov = v0 + tl.arange(0, BV)
-                for t in tl.static_range(T):
-                    tl.store(out + i * o_r + t * o_t + h * o_h + ov, tl.zeros([BV], tl.float32), mask=ov < V)
+            for t in tl.static_range(T):
+                tl.store(out + i * o_r + t * o_t + h * o_h + ov, tl.zeros([BV], tl.float32), mask=vmask)
     elif is_flush == FLUSH_PASS:
         origin = tl.load(origin_ptr + sl)
+        ok = tl.arange(0, K)
         e = tl.arange(0, BM)
         hk = h // (HV // HK)
-        hist = e < count
-        new = (e >= count) & (e < count + T)
-        valid_e = e < count + T
-        tok = e - count
-        pos = (origin + e) % capacity
-        strict = (e[None, :] < e[:, None]) & valid_e[:, None]
-        incl = e[None, :] <= e[:, None]
         rk = ring_k + ((sl * HK + hk) * capacity) * K
         rv = ring_v + ((sl * HV + h) * capacity) * V
+        rd = ring_d + ((sl * HV + h) * capacity) * V
         rbeta = ring_beta + (sl * HV + h) * capacity
         if PER_CHANNEL:
             rg = ring_g + ((sl * HV + h) * capacity) * K
         else:
             rg = ring_g + (sl * HV + h) * capacity
-        beta_w = (tl.load(rbeta + pos, mask=hist, other=0.0)
-                  + tl.load(beta + i * be_r + tok * be_t + h, mask=new, other=0.0).to(tl.float32))
-        if FLUSH_PASS:
-            last = count + T - 1 if COMMITTED else count - 1
-            ep = tl.load(epoch_ptr + sl)
-        if not PER_CHANNEL:
-            g_w = (tl.load(rg + pos, mask=hist, other=0.0)
-                   + tl.load(g + i * g_r + tok * g_t + h, mask=new, other=0.0).to(tl.float32))
-            gam = tl.cumsum(g_w, axis=0)                                                      # [BM]
-            if FLUSH_PASS:
-                gam_e = tl.sum(tl.where(e == last, gam, 0.0), axis=0)
-
-        # key side, over key-channel chunks: A (decayed k.k), W (decayed q.k)
-        KK = tl.zeros([BM, BM], tl.float32)
-        QK = tl.zeros([BM, BM], tl.float32)
-        for c0 in tl.range(0, K, BK):
-            kc, gc = _key_chunk(rk, k, i, k_r, k_t, k_h, hk, rg, g, g_r, g_t, g_h, h, pos, tok, hist, new, c0,
-                                K, BK, PER_CHANNEL)
-            kf = kc.to(tl.float32)
-            qc = tl.load(q + i * q_r + tok[:, None] * q_t + hk * q_h + (c0 + tl.arange(0, BK))[None, :],
-                         mask=new[:, None], other=0.0).to(tl.float32)
-            if PER_CHANNEL:
-                # exp(gam_j - gam_r) = exp(gam_j - ref) exp(ref - gam_r), ref = per-channel midpoint
-                gm = tl.cumsum(gc, axis=0)
-                ref = 0.5 * (tl.max(gm, axis=0) + tl.min(gm, axis=0))
-                k_dn = kf * tl.exp(ref[None, :] - gm)
-                KK += tl.dot(kf * tl.exp(gm - ref[None, :]), tl.trans(k_dn), input_precision=DOT)
-                QK += tl.dot(qc * tl.exp(gm - ref[None, :]), tl.trans(k_dn), input_precision=DOT)
-            else:
-                KK += tl.dot(kf, tl.trans(kf), input_precision=DOT)
-                QK += tl.dot(qc, tl.trans(kf), input_precision=DOT)
-        if PER_CHANNEL:
-            A = tl.where(strict, beta_w[:, None] * KK, 0.0)
-            W = tl.where(incl, QK, 0.0)
-        else:
-            diff = gam[:, None] - gam[None, :]
-            A = beta_w[:, None] * KK * tl.exp(tl.where(strict, diff, float("-inf")))
-            W = QK * tl.exp(tl.where(incl, diff, float("-inf")))
-        Minv = _inv_unit_lower(A, e, BM, LOG2_BM, DOT)
+        ck = ckpt + sl * c_s + h * c_h + ok[:, None] * c_k + ov[None, :] * c_v
         head = (sl * HV + h) * V
 
-        # value side, tile by tile
-        for v0 in tl.range(0, V, BV):
-            ov = v0 + tl.arange(0, BV)
-            vmask = ov < V
-            # U = S0^T k~ and O1 = S0^T q~ for every window entry, over key-channel chunks
-            U = tl.zeros([BM, BV], tl.float32)
-            O1 = tl.zeros([BM, BV], tl.float32)
-            for c0 in tl.range(0, K, BK, num_stages=STAGES):
-                oc = c0 + tl.arange(0, BK)
-                if FLUSH_PASS or READ_FMT == READ_CHECKPOINT:
-                    S0 = tl.load(ckpt + sl * c_s + h * c_h + oc[:, None] * c_k + ov[None, :] * c_v,
-                                 mask=vmask[None, :], other=0.0).to(tl.float32)                 # [BK, BV]
-                else:
-                    S0 = tl.trans(load_read_copy(rc_codes + head * RC_CW + c0 // (K // RC_CW),
-                                                 rc_bs + head * (K // 16) + c0 // 16, rc_rs + head, ov, vmask,
-                                                 READ_FMT, BV, BK, RC_CW, K // 16))
-                kc, gc = _key_chunk(rk, k, i, k_r, k_t, k_h, hk, rg, g, g_r, g_t, g_h, h, pos, tok, hist, new,
-                                    c0, K, BK, PER_CHANNEL)
-                qc = tl.load(q + i * q_r + tok[:, None] * q_t + hk * q_h + oc[None, :], mask=new[:, None],
-                             other=0.0).to(tl.float32)
+        if FLUSH_PASS:
+            # exact fold: replay the committed entries step by step on the fp32 checkpoint tile
+            S = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)                   # [K, BV]
+            n_fold = count + T if COMMITTED else count
+            for j in range(0, n_fold):
+                kj, vj, gj, bj = _entry(rk, rv, rg, rbeta, k, v, g, beta, i, k_r, k_t, k_h, v_r, v_t, v_h, g_r,
+                                        g_t, g_h, be_r, be_t, hk, h, j, count, origin, capacity, ok, ov, vmask,
+                                        K, V, PER_CHANNEL)
                 if PER_CHANNEL:
-                    dec = tl.exp(tl.cumsum(gc, axis=0))
+                    S = S * tl.exp(gj)[:, None]
                 else:
-                    dec = tl.exp(gam)[:, None]
-                U += tl.dot(kc.to(tl.float32) * dec, S0, input_precision=DOT)
-                O1 += tl.dot(qc * dec, S0, input_precision=DOT)
-            v_w = (tl.load(rv + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :], other=0.0)
-                   + tl.load(v + i * v_r + tok[:, None] * v_t + h * v_h + ov[None, :],
-                             mask=new[:, None] & vmask[None, :], other=0.0))
-            Dm = tl.dot(Minv, beta_w[:, None] * (v_w.to(tl.float32) - U), input_precision=DOT)   # [BM, BV]
-            O = scale * (O1 + tl.dot(W, Dm, input_precision=DOT))
-            tl.store(out + i * o_r + tok[:, None] * o_t + h * o_h + ov[None, :], O.to(out.dtype.element_ty),
-                     mask=new[:, None] & vmask[None, :])
-            tl.store(rv + pos[:, None] * V + ov[None, :], v_w, mask=new[:, None] & vmask[None, :])
+                    S = S * tl.exp(gj)
+                dj = bj * (vj - tl.sum(S * kj[:, None], axis=0))
+                S += kj[:, None] * dj[None, :]
+                if COMMITTED:
+                    if j == n_fold - 1:
+                        qj = tl.load(q + i * q_r + hk * q_h + ok).to(tl.float32)
+                        o = scale * tl.sum(S * qj[:, None], axis=0)
+                        tl.store(out + i * o_r + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
+                        tl.store(rd + ((origin + j) % capacity) * V + ov, dj, mask=vmask)
+            ep = tl.load(epoch_ptr + sl)
+            index = h * (K * V) + ok[:, None] * V + ov[None, :]
+            stored = round_checkpoint(S, index, sr_base, ep, CKPT_FMT)
+            tl.store(ck, stored, mask=vmask[None, :])
+            if READ_FMT != READ_CHECKPOINT:
+                store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head,
+                                tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, RC_EMAX, BV, K, RC_CW)
+        if (not FLUSH_PASS) or (not COMMITTED):
+            # output-only evaluation of this step's tokens from S0 (+ the history's cached d)
             if FLUSH_PASS:
-                # S = Diag(exp(gam_e)) S0 + sum_{r<=e} (exp(gam_e - gam_r) k_r) d_r^T, chunk by chunk;
-                # the row amax for the read copy accumulates on the way
-                amax = tl.zeros([BV], tl.float32)
-                for c0 in tl.range(0, K, BK):
-                    oc = c0 + tl.arange(0, BK)
-                    ck = ckpt + sl * c_s + h * c_h + oc[:, None] * c_k + ov[None, :] * c_v
+                S0 = S                         # the state after the committed history (exact)
+                n_hist = 0                     # entries after it are this step's tokens only
+                base = count
+            else:
+                if READ_FMT == READ_CHECKPOINT:
                     S0 = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)
-                    kc, gc = _key_chunk(rk, k, i, k_r, k_t, k_h, hk, rg, g, g_r, g_t, g_h, h, pos, tok, hist, new,
-                                        c0, K, BK, PER_CHANNEL)
-                    if PER_CHANNEL:
-                        gm = tl.cumsum(gc, axis=0)
-                        ge = tl.sum(tl.where((e == last)[:, None], gm, 0.0), axis=0)               # [BK]
-                        kfold = tl.where((e <= last)[:, None],
-                                         kc.to(tl.float32) * tl.exp(tl.minimum(ge[None, :] - gm, 0.0)), 0.0)
-                        S_new = tl.exp(ge)[:, None] * S0 + tl.dot(tl.trans(kfold), Dm, input_precision=DOT)
-                    else:
-                        kfold = tl.where((e <= last)[:, None],
-                                         kc.to(tl.float32) * tl.exp(tl.minimum(gam_e - gam, 0.0))[:, None], 0.0)
-                        S_new = tl.exp(gam_e) * S0 + tl.dot(tl.trans(kfold), Dm, input_precision=DOT)
-                    index = h * (K * V) + oc[:, None] * V + ov[None, :]
-                    stored = round_checkpoint(S_new, index, sr_base, ep, CKPT_FMT)
-                    tl.store(ck, stored, mask=vmask[None, :])
-                    amax = tl.maximum(amax, tl.max(tl.abs(stored.to(tl.float32)), axis=0))
-                if READ_FMT != READ_CHECKPOINT:
-                    tl.debug_barrier()
-                    for c0 in tl.range(0, K, BK):
-                        oc = c0 + tl.arange(0, BK)
-                        St = tl.load(ckpt + sl * c_s + h * c_h + oc[:, None] * c_k + ov[None, :] * c_v,
-                                     mask=vmask[None, :], other=0.0).to(tl.float32)
-                        store_read_copy_chunk(rc_codes + head * RC_CW + c0 // (K // RC_CW),
-                                              rc_bs + head * (K // 16) + c0 // 16, rc_rs + head, tl.trans(St), amax,
-                                              ov, vmask, c0 == 0, READ_FMT, RC_EMAX, BV, BK, RC_CW, K // 16)
-
-        # append the tokens' key-side raw inputs
-        tl.store(rbeta + pos, beta_w, mask=new)
-        for c0 in tl.range(0, K, BK):
-            oc = c0 + tl.arange(0, BK)
-            kc, gc = _key_chunk(rk, k, i, k_r, k_t, k_h, hk, rg, g, g_r, g_t, g_h, h, pos, tok, hist, new, c0,
-                                K, BK, PER_CHANNEL)
+                else:
+                    S0 = tl.trans(load_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head,
+                                                 ov, vmask, READ_FMT, BV, K, RC_CW, K // 16))
+                n_hist = count
+                base = 0
+            # window entries relative to S0: e < n_hist from the ring, then the T tokens
+            n_win = n_hist + T
+            wmask = e < n_win
+            epos = (origin + base + e) % capacity
+            from_ring = e < n_hist
+            tk = e - n_hist
+            k_w = (tl.load(rk + epos[:, None] * K + ok[None, :], mask=from_ring[:, None], other=0.0)
+                   + tl.load(k + i * k_r + tk[:, None] * k_t + hk * k_h + ok[None, :],
+                             mask=(~from_ring & wmask)[:, None], other=0.0)).to(tl.float32)      # [BM, K]
+            d_w = tl.load(rd + epos[:, None] * V + ov[None, :], mask=from_ring[:, None] & vmask[None, :],
+                          other=0.0)                                                              # [BM, BV]
             if PER_CHANNEL:
-                tl.store(rg + pos[:, None] * K + oc[None, :], gc, mask=new[:, None])
-            if h % (HV // HK) == 0:
-                tl.store(rk + pos[:, None] * K + oc[None, :], kc, mask=new[:, None])
-        if not PER_CHANNEL:
-            tl.store(rg + pos, g_w, mask=new)
+                g_w = (tl.load(rg + epos[:, None] * K + ok[None, :], mask=from_ring[:, None], other=0.0)
+                       + tl.load(g + i * g_r + tk[:, None] * g_t + h * g_h + ok[None, :],
+                                 mask=(~from_ring & wmask)[:, None], other=0.0).to(tl.float32))
+            else:
+                g_w = (tl.load(rg + epos, mask=from_ring, other=0.0)
+                       + tl.load(g + i * g_r + tk * g_t + h, mask=~from_ring & wmask, other=0.0).to(tl.float32))
+            gam = tl.cumsum(g_w, axis=0)
+            for t in tl.static_range(T):
+                jt = n_hist + t
+                kt = tl.load(k + i * k_r + t * k_t + hk * k_h + ok).to(tl.float32)
+                qt = tl.load(q + i * q_r + t * q_t + hk * q_h + ok).to(tl.float32)
+                vt = tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask, other=0.0).to(tl.float32)
+                bt = tl.load(beta + i * be_r + t * be_t + h).to(tl.float32)
+                before = e < jt
+                if PER_CHANNEL:
+                    gt = tl.sum(tl.where((e == jt)[:, None], gam, 0.0), axis=0)                       # [K]
+                    dec = tl.where(before[:, None] | (e == jt)[:, None],
+                                   tl.exp(tl.minimum(gt[None, :] - gam, 0.0)), 0.0) * k_w            # [BM, K]
+                    ck_ = tl.sum(dec * kt[None, :], axis=1)
+                    cq = tl.sum(dec * qt[None, :], axis=1)
+                    top = tl.exp(gt)
+                    u = tl.sum(S0 * (top * kt)[:, None], axis=0)
+                    r = tl.sum(S0 * (top * qt)[:, None], axis=0)
+                else:
+                    gt = tl.sum(tl.where(e == jt, gam, 0.0), axis=0)
+                    dec = tl.where(e <= jt, tl.exp(tl.minimum(gt - gam, 0.0)), 0.0)                  # [BM]
+                    ck_ = dec * tl.sum(k_w * kt[None, :], axis=1)
+                    cq = dec * tl.sum(k_w * qt[None, :], axis=1)
+                    top = tl.exp(gt)
+                    u = top * tl.sum(S0 * kt[:, None], axis=0)
+                    r = top * tl.sum(S0 * qt[:, None], axis=0)
+                u += tl.sum(tl.where(before, ck_, 0.0)[:, None] * d_w, axis=0)
+                dt_ = bt * (vt - u)
+                d_w = tl.where((e == jt)[:, None], dt_[None, :], d_w)
+                o = scale * (r + tl.sum(cq[:, None] * d_w, axis=0))
+                tl.store(out + i * o_r + t * o_t + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
+                tl.store(rd + ((origin + base + jt) % capacity) * V + ov, dt_, mask=vmask)
+
+        # append this step's raw inputs at ring entries (origin + count + t) % C
+        for t in tl.static_range(T):
+            p = (origin + count + t) % capacity
+            tl.store(rv + p * V + ov, tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask, other=0.0),
+                     mask=vmask)
+            if pid_v == 0:
+                tl.store(rbeta + p, tl.load(beta + i * be_r + t * be_t + h).to(tl.float32))
+                if PER_CHANNEL:
+                    tl.store(rg + p * K + ok, tl.load(g + i * g_r + t * g_t + h * g_h + ok).to(tl.float32))
+                else:
+                    tl.store(rg + p, tl.load(g + i * g_r + t * g_t + h).to(tl.float32))
+                if h % (HV // HK) == 0:
+                    tl.store(rk + p * K + ok, tl.load(k + i * k_r + t * k_t + hk * k_h + ok))
