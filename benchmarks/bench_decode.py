@@ -41,6 +41,7 @@ from snapshot_mamba2 import snapshot_verify  # noqa: E402
 DEV = "cuda"
 ACT = torch.bfloat16
 RESULTS: list[dict] = []
+JSONL: str | None = None  # rows are appended here as they are measured
 
 
 def timed(fn, graph: bool = True) -> float:
@@ -65,6 +66,9 @@ def timed(fn, graph: bool = True) -> float:
 def record(model, batch, what, us, nbytes, **extra):
     row = dict(model=model, batch=batch, what=what, us=round(us, 2), gbps=round(nbytes / us / 1e3, 1), **extra)
     RESULTS.append(row)
+    if JSONL:
+        with open(JSONL, "a") as f:
+            f.write(json.dumps(row) + "\n")
     print(f"{model:13s} b={batch:<4d} {what:34s} {us:9.1f} us {row['gbps']:8.1f} GB/s", flush=True)
 
 
@@ -164,7 +168,7 @@ class Layer:
                                 cur["origin"][0], cur["epoch"][0], self.slots, inp["x"], inp["dt"], inp["A"], inp["B"],
                                 inp["C"], inp["D"], inp["dt_bias"], inp["z"], out, cfg.window, committed, **fmt)
             else:
-                ops.delta_step(pool.checkpoint[0], *read, ring["k"], ring["v"], ring["g"], ring["beta"],
+                ops.delta_step(pool.checkpoint[0], *read, ring["k"], ring["v"], ring["g"], ring["beta"], ring["d"],
                                cur["count"][0], cur["origin"][0], cur["epoch"][0], self.slots, inp["q"], inp["k"],
                                inp["v"], inp["g"], inp["beta"], out, spec.head_k_dim ** -0.5, cfg.window, committed,
                                **fmt)
@@ -184,7 +188,9 @@ def bytes_ring_entry(spec):
     if spec.family == "mamba2":
         return spec.num_heads * spec.head_dim * 2 + spec.num_heads * 4 + spec.num_groups * spec.state_dim * 2
     g = spec.num_v_heads * (spec.head_k_dim if spec.family == "kda" else 1) * 4
-    return spec.num_k_heads * spec.head_k_dim * 2 + spec.num_v_heads * spec.head_v_dim * 2 + g + spec.num_v_heads * 4
+    d = spec.num_v_heads * spec.head_v_dim * 4            # the fp32 d cache
+    return (spec.num_k_heads * spec.head_k_dim * 2 + spec.num_v_heads * spec.head_v_dim * 2 + g
+            + spec.num_v_heads * 4 + d)
 
 
 def bytes_io(spec, T=1):
@@ -367,7 +373,10 @@ def main():
     ap.add_argument("--models", default=",".join(MODEL_SPECS))
     ap.add_argument("--verify-batch", type=int, default=256)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--jsonl", default=None, help="append each row as it is measured")
     args = ap.parse_args()
+    global JSONL
+    JSONL = args.jsonl
     torch.manual_seed(0)
     peers = load_peers(args.peers)
     print("peers:", sorted(peers), "| GPU:", torch.cuda.get_device_name(), "| torch", torch.__version__,

@@ -11,4 +11,4 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/test_kernels.py} 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
-timeout "${BENCH_TIMEOUT:-280}" python3 benchmarks/bench_decode.py --peers .peers --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80
+timeout "${BENCH_TIMEOUT:-280}" python3 benchmarks/bench_decode.py --peers .peers --json "$OUT/bench.json" --jsonl "$OUT/bench.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80

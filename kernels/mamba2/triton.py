@@ -1,8 +1,9 @@
 """Mamba-2 replay step in Triton: decode (T = 1) and verify (T tokens).
 
-One program per (row, head). The window quantities (decays, B·C weights) are computed once,
-then the program walks the head's P rows in tiles: reads the checkpoint tile (flush rows) or
-read-copy tile (other rows), writes the outputs and appends x to the ring. The kernel is
+One program per (P-tile, head, row), no matmuls: it reads the checkpoint tile (flush rows) or
+read-copy tile (other rows) once, evaluates each token's output from it and the ring window with
+reductions, appends the tokens to the ring and, on flush rows, folds the window into the
+checkpoint with fp32 FMAs (entry by entry) and re-derives the read copy. The kernel is
 launched twice per step with ``FLUSH_PASS`` = False / True; each pass handles only its rows,
 so the non-flush variant carries no fold code. Cursors are only read.
 Derivation: README.md beside this file; reference: reference.py.
@@ -23,6 +24,21 @@ def _softplus(x):
 
 
 @triton.jit
+def _mamba2_entry(rx, rB, x, B, i, x_r, x_t, x_h, b_r, b_t, b_g, h, g, j, count, origin, capacity, op, pmask, on,
+                  P: tl.constexpr, N: tl.constexpr):
+    """x [BP] and B [N] of window entry j (ring for j < count, else token j - count), fp32."""
+    if j < count:
+        p = (origin + j) % capacity
+        xj = tl.load(rx + p * P + op, mask=pmask, other=0.0).to(tl.float32)
+        bj = tl.load(rB + p * N + on).to(tl.float32)
+    else:
+        t = j - count
+        xj = tl.load(x + i * x_r + t * x_t + h * x_h + op, mask=pmask, other=0.0).to(tl.float32)
+        bj = tl.load(B + i * b_r + t * b_t + g * b_g + on).to(tl.float32)
+    return xj, bj
+
+
+@triton.jit
 def _mamba2_step_fwd_kernel(
     ckpt, c_s, c_h, c_p, c_n,                  # [S, H, P, N] checkpoint (any strides)
     rc_codes, rc_bs, rc_rs,                    # read copy, contiguous [S, H, P, ...]
@@ -40,10 +56,11 @@ def _mamba2_step_fwd_kernel(
     T: tl.constexpr, H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
     BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr, FLUSH_PASS: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, DOT: tl.constexpr,
-    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr,
+    CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
 ):
-    i, h = tl.program_id(0), tl.program_id(1)
+    pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    op = pid_p * BP + tl.arange(0, BP)
+    pmask = op < P
     slot = tl.load(slots + i)
     valid = slot >= 0
     sl = tl.maximum(slot, 0)
@@ -51,10 +68,8 @@ def _mamba2_step_fwd_kernel(
     is_flush = count + T >= window
     if not valid:
         if not FLUSH_PASS:
-            for p0 in tl.range(0, P, BP):
-                op = p0 + tl.arange(0, BP)
-                for t in tl.static_range(T):
-                    tl.store(out + i * o_r + t * o_t + h * o_h + op, tl.zeros([BP], tl.float32), mask=op < P)
+            for t in tl.static_range(T):
+                tl.store(out + i * o_r + t * o_t + h * o_h + op, tl.zeros([BP], tl.float32), mask=pmask)
     elif is_flush == FLUSH_PASS:
         origin = tl.load(origin_ptr + sl)
         g = h // (H // G)
@@ -64,6 +79,13 @@ def _mamba2_step_fwd_kernel(
         new = (e >= count) & (e < count + T)
         tok = e - count                                        # token index of new entries
         pos = (origin + e) % capacity                          # ring entry of window entry e
+        ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
+        head = (sl * H + h) * P
+        if FLUSH_PASS or READ_FMT == READ_CHECKPOINT:
+            S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                    # [BP, N]
+        else:
+            S0 = load_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head, op, pmask,
+                                READ_FMT, BP, N, RC_CW, N // 16)
 
         # per-head window scalars: dt' = softplus(dt + dt_bias), lam = cumsum(A dt')
         rdt = ring_dt + (sl * H + h) * capacity
@@ -74,73 +96,51 @@ def _mamba2_step_fwd_kernel(
         dtp = tl.where(hist | new, _softplus(dt_w), 0.0)
         lam = tl.cumsum(tl.load(A + h) * dtp, axis=0)          # [BM]
         rB = ring_B + ((sl * G + g) * capacity) * N
+        rx = ring_x + ((sl * H + h) * capacity) * P
         B_w = (tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0)
                + tl.load(B + i * b_r + tok[:, None] * b_t + g * b_g + on[None, :], mask=new[:, None], other=0.0))
-        Bf = B_w.to(tl.float32)                                # [BM, N]
-        if T == 1:
-            c_vec = tl.load(C + i * cc_r + g * cc_g + on).to(tl.float32)                       # [N]
-            lam_j = tl.sum(tl.where(new, lam, 0.0), axis=0)
-            # y = exp(lam_j) S0 c + sum_r w_r x_r
-            w = tl.where(e <= count, tl.exp(tl.minimum(lam_j - lam, 0.0)) * dtp * tl.sum(Bf * c_vec[None, :], 1), 0.0)
-        else:
-            C_w = tl.load(C + i * cc_r + tok[:, None] * cc_t + g * cc_g + on[None, :], mask=new[:, None],
-                          other=0.0).to(tl.float32)                                          # [BM, N]
-            causal = e[None, :] <= e[:, None]
-            W = tl.exp(tl.where(causal, lam[:, None] - lam[None, :], float("-inf"))) * dtp[None, :] \
-                * tl.dot(C_w, tl.trans(Bf), input_precision=DOT)                               # [BM, BM]
+        x_w = (tl.load(rx + pos[:, None] * P + op[None, :], mask=hist[:, None] & pmask[None, :], other=0.0)
+               + tl.load(x + i * x_r + tok[:, None] * x_t + h * x_h + op[None, :],
+                         mask=new[:, None] & pmask[None, :], other=0.0))                        # [BM, BP]
+        Bf = B_w.to(tl.float32)
+        xf = x_w.to(tl.float32)
+
+        # y_j = exp(lam_j) S0 C_j + sum_{r<=j} exp(lam_j - lam_r) dt'_r (B_r . C_j) x_r + D x_j
+        for t in tl.static_range(T):
+            jt = count + t
+            c_t = tl.load(C + i * cc_r + t * cc_t + g * cc_g + on).to(tl.float32)                 # [N]
+            lam_j = tl.sum(tl.where(e == jt, lam, 0.0), axis=0)
+            w = tl.where(e <= jt, tl.exp(tl.minimum(lam_j - lam, 0.0)) * dtp * tl.sum(Bf * c_t[None, :], 1), 0.0)
+            y = tl.exp(lam_j) * tl.sum(S0 * c_t[None, :], axis=1) + tl.sum(xf * w[:, None], axis=0)   # [BP]
+            if HAS_D:
+                y += tl.load(D + h) * tl.sum(tl.where((e == jt)[:, None], xf, 0.0), axis=0)
+            if HAS_Z:
+                zz = tl.load(z + i * z_r + t * z_t + h * z_h + op, mask=pmask, other=0.0).to(tl.float32)
+                y = y * zz * tl.sigmoid(zz)
+            tl.store(out + i * o_r + t * o_t + h * o_h + op, y.to(out.dtype.element_ty), mask=pmask)
+
         if FLUSH_PASS:
-            # decode folds history and token, verify the history only
-            last = count + T - 1 if COMMITTED else count - 1
-            lam_e = tl.sum(tl.where(e == last, lam, 0.0), axis=0)
-            s = tl.where(e <= last, tl.exp(tl.minimum(lam_e - lam, 0.0)) * dtp, 0.0)
+            # fold (decode: history and token; verify: history) with fp32 FMAs, entry by entry
+            n_fold = count + T if COMMITTED else count
+            lam_e = tl.sum(tl.where(e == n_fold - 1, lam, 0.0), axis=0)
+            s = tl.where(e < n_fold, tl.exp(tl.minimum(lam_e - lam, 0.0)) * dtp, 0.0)
+            S_new = tl.exp(lam_e) * S0
+            for j in range(0, n_fold):
+                xj, bj = _mamba2_entry(rx, rB, x, B, i, x_r, x_t, x_h, b_r, b_t, b_g, h, g, j, count, origin,
+                                       capacity, op, pmask, on, P, N)
+                sj = tl.sum(tl.where(e == j, s, 0.0), axis=0)
+                S_new += (sj * xj)[:, None] * bj[None, :]
             ep = tl.load(epoch_ptr + sl)
-        if HAS_D:
-            D_h = tl.load(D + h)
-        rx = ring_x + ((sl * H + h) * capacity) * P
-        head = (sl * H + h) * P
-        for p0 in tl.range(0, P, BP, num_stages=STAGES):
-            op = p0 + tl.arange(0, BP)
-            pmask = op < P
-            ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
-            if FLUSH_PASS or READ_FMT == READ_CHECKPOINT:
-                S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                # [BP, N]
-            else:
-                S0 = load_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head, op, pmask,
-                                    READ_FMT, BP, N, RC_CW, N // 16)
-            x_w = (tl.load(rx + pos[:, None] * P + op[None, :], mask=hist[:, None] & pmask[None, :], other=0.0)
-                   + tl.load(x + i * x_r + tok[:, None] * x_t + h * x_h + op[None, :],
-                             mask=new[:, None] & pmask[None, :], other=0.0))                    # [BM, BP]
-            xf = x_w.to(tl.float32)
-            if T == 1:
-                x_j = tl.sum(tl.where(new[:, None], xf, 0.0), axis=0)
-                y = tl.exp(lam_j) * tl.sum(S0 * c_vec[None, :], axis=1) + tl.sum(xf * w[:, None], axis=0)
-                if HAS_D:
-                    y += D_h * x_j
-                if HAS_Z:
-                    zz = tl.load(z + i * z_r + h * z_h + op, mask=pmask, other=0.0).to(tl.float32)
-                    y = y * zz * tl.sigmoid(zz)
-                tl.store(out + i * o_r + h * o_h + op, y.to(out.dtype.element_ty), mask=pmask)
-            else:
-                Y = tl.exp(lam)[:, None] * tl.dot(C_w, tl.trans(S0), input_precision=DOT) \
-                    + tl.dot(W, xf, input_precision=DOT)                                       # [BM, BP]
-                if HAS_D:
-                    Y += D_h * xf
-                if HAS_Z:
-                    zz = tl.load(z + i * z_r + tok[:, None] * z_t + h * z_h + op[None, :],
-                                 mask=new[:, None] & pmask[None, :], other=0.0).to(tl.float32)
-                    Y = Y * zz * tl.sigmoid(zz)
-                tl.store(out + i * o_r + tok[:, None] * o_t + h * o_h + op[None, :], Y.to(out.dtype.element_ty),
-                         mask=new[:, None] & pmask[None, :])
-            if FLUSH_PASS:
-                S_new = tl.exp(lam_e) * S0 + tl.dot(tl.trans(xf * s[:, None]), Bf, input_precision=DOT)  # [BP, N]
-                index = h * (P * N) + op[:, None] * N + on[None, :]
-                stored = round_checkpoint(S_new, index, sr_base, ep, CKPT_FMT)
-                tl.store(ck, stored, mask=pmask[:, None])
-                if READ_FMT != READ_CHECKPOINT:
-                    store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head,
-                                    stored.to(tl.float32), op, pmask, READ_FMT, RC_EMAX, BP, N, RC_CW)
-            # append x of this step's tokens at ring entries (origin + count + t) % C
-            tl.store(rx + pos[:, None] * P + op[None, :], x_w, mask=new[:, None] & pmask[None, :])
-        tl.store(rdt + pos, dt_w, mask=new)
-        if h % (H // G) == 0:
-            tl.store(rB + pos[:, None] * N + on[None, :], B_w, mask=new[:, None])
+            index = h * (P * N) + op[:, None] * N + on[None, :]
+            stored = round_checkpoint(S_new, index, sr_base, ep, CKPT_FMT)
+            tl.store(ck, stored, mask=pmask[:, None])
+            if READ_FMT != READ_CHECKPOINT:
+                store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head,
+                                stored.to(tl.float32), op, pmask, READ_FMT, RC_EMAX, BP, N, RC_CW)
+
+        # append this step's tokens at ring entries (origin + count + t) % C
+        tl.store(rx + pos[:, None] * P + op[None, :], x_w, mask=new[:, None] & pmask[None, :])
+        if pid_p == 0:
+            tl.store(rdt + pos, dt_w, mask=new)
+            if h % (H // G) == 0:
+                tl.store(rB + pos[:, None] * N + on[None, :], B_w, mask=new[:, None])
