@@ -22,6 +22,32 @@ from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, r
 
 
 @triton.jit
+def _entry(rk, rv, rg, rbeta, k, v, g, beta, i, k_r, k_t, k_h, v_r, v_t, v_h, g_r, g_t, g_h, be_r, be_t,
+           hk, h, j, count, origin, capacity, ok, ov, vmask, K: tl.constexpr, V: tl.constexpr,
+           PER_CHANNEL: tl.constexpr):
+    """Raw inputs of window entry j (ring for j < count, else token j - count): k [K], v [BV], g, beta."""
+    if j < count:
+        p = (origin + j) % capacity
+        kj = tl.load(rk + p * K + ok).to(tl.float32)
+        vj = tl.load(rv + p * V + ov, mask=vmask, other=0.0).to(tl.float32)
+        if PER_CHANNEL:
+            gj = tl.load(rg + p * K + ok)
+        else:
+            gj = tl.load(rg + p)
+        bj = tl.load(rbeta + p)
+    else:
+        t = j - count
+        kj = tl.load(k + i * k_r + t * k_t + hk * k_h + ok).to(tl.float32)
+        vj = tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask, other=0.0).to(tl.float32)
+        if PER_CHANNEL:
+            gj = tl.load(g + i * g_r + t * g_t + h * g_h + ok).to(tl.float32)
+        else:
+            gj = tl.load(g + i * g_r + t * g_t + h).to(tl.float32)
+        bj = tl.load(beta + i * be_r + t * be_t + h).to(tl.float32)
+    return kj, vj, gj, bj
+
+
+@triton.jit
 def _delta_step_fwd_kernel(
     ckpt, c_s, c_h, c_k, c_v,                  # [S, HV, K, V] checkpoint (any strides)
     rc_codes, rc_bs, rc_rs,                    # read copy, contiguous [S, HV, V, ...]
@@ -47,16 +73,6 @@ def _delta_step_fwd_kernel(
     slot = tl.load(slots + i)
     valid = slot >= 0
     sl = tl.maximum(slot, 0)
-    ok = tl.arange(0, K)
-    ck = ckpt + sl * c_s + h * c_h + ok[:, None] * c_k + ov[None, :] * c_v
-    head = (sl * HV + h) * V
-    if not FLUSH_PASS:
-        # most rows are non-flush rows: issue the state read together with the cursor read
-        if READ_FMT == READ_CHECKPOINT:
-            S0 = tl.load(ck, mask=vmask[None, :] & valid, other=0.0).to(tl.float32)           # [K, BV]
-        else:
-            S0 = tl.trans(load_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head, ov,
-                                         vmask & valid, READ_FMT, BV, K, RC_CW, K // 16))
     count = tl.load(count_ptr + sl)
     is_flush = count + T >= window
     if not valid:
@@ -65,6 +81,7 @@ def _delta_step_fwd_kernel(
                 tl.store(out + i * o_r + t * o_t + h * o_h + ov, tl.zeros([BV], tl.float32), mask=vmask)
     elif is_flush == FLUSH_PASS:
         origin = tl.load(origin_ptr + sl)
+        ok = tl.arange(0, K)
         e = tl.arange(0, BM)
         hk = h // (HV // HK)
         rk = ring_k + ((sl * HK + hk) * capacity) * K
@@ -75,39 +92,21 @@ def _delta_step_fwd_kernel(
             rg = ring_g + ((sl * HV + h) * capacity) * K
         else:
             rg = ring_g + (sl * HV + h) * capacity
+        ck = ckpt + sl * c_s + h * c_h + ok[:, None] * c_k + ov[None, :] * c_v
+        head = (sl * HV + h) * V
+
         if FLUSH_PASS:
             # exact fold: replay the committed entries step by step on the fp32 checkpoint tile
             S = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)                   # [K, BV]
             n_fold = count + T if COMMITTED else count
-            # the folded entries' raw inputs, loaded at once: ring history, then the token
-            fpos = (origin + e) % capacity
-            fh = e < count
-            fn = (e >= count) & (e < n_fold)
-            ft = e - count
-            k_f = (tl.load(rk + fpos[:, None] * K + ok[None, :], mask=fh[:, None], other=0.0)
-                   + tl.load(k + i * k_r + ft[:, None] * k_t + hk * k_h + ok[None, :], mask=fn[:, None],
-                             other=0.0)).to(tl.float32)                                          # [BM, K]
-            v_f = (tl.load(rv + fpos[:, None] * V + ov[None, :], mask=fh[:, None] & vmask[None, :], other=0.0)
-                   + tl.load(v + i * v_r + ft[:, None] * v_t + h * v_h + ov[None, :],
-                             mask=fn[:, None] & vmask[None, :], other=0.0)).to(tl.float32)      # [BM, BV]
-            b_f = (tl.load(rbeta + fpos, mask=fh, other=0.0)
-                   + tl.load(beta + i * be_r + ft * be_t + h, mask=fn, other=0.0).to(tl.float32))
-            if PER_CHANNEL:
-                a_f = tl.exp(tl.load(rg + fpos[:, None] * K + ok[None, :], mask=fh[:, None], other=0.0)
-                             + tl.load(g + i * g_r + ft[:, None] * g_t + h * g_h + ok[None, :], mask=fn[:, None],
-                                       other=0.0).to(tl.float32))                                # [BM, K]
-            else:
-                a_f = tl.exp(tl.load(rg + fpos, mask=fh, other=0.0)
-                             + tl.load(g + i * g_r + ft * g_t + h, mask=fn, other=0.0).to(tl.float32))
             for j in range(0, n_fold):
-                sel = e == j
-                kj = tl.sum(tl.where(sel[:, None], k_f, 0.0), axis=0)
-                vj = tl.sum(tl.where(sel[:, None], v_f, 0.0), axis=0)
-                bj = tl.sum(tl.where(sel, b_f, 0.0), axis=0)
+                kj, vj, gj, bj = _entry(rk, rv, rg, rbeta, k, v, g, beta, i, k_r, k_t, k_h, v_r, v_t, v_h, g_r,
+                                        g_t, g_h, be_r, be_t, hk, h, j, count, origin, capacity, ok, ov, vmask,
+                                        K, V, PER_CHANNEL)
                 if PER_CHANNEL:
-                    S = S * tl.sum(tl.where(sel[:, None], a_f, 0.0), axis=0)[:, None]
+                    S = S * tl.exp(gj)[:, None]
                 else:
-                    S = S * tl.sum(tl.where(sel, a_f, 0.0), axis=0)
+                    S = S * tl.exp(gj)
                 dj = bj * (vj - tl.sum(S * kj[:, None], axis=0))
                 S += kj[:, None] * dj[None, :]
                 if COMMITTED:
@@ -130,6 +129,11 @@ def _delta_step_fwd_kernel(
                 n_hist = 0                     # entries after it are this step's tokens only
                 base = count
             else:
+                if READ_FMT == READ_CHECKPOINT:
+                    S0 = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)
+                else:
+                    S0 = tl.trans(load_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head,
+                                                 ov, vmask, READ_FMT, BV, K, RC_CW, K // 16))
                 n_hist = count
                 base = 0
             # window entries relative to S0: e < n_hist from the ring, then the T tokens

@@ -24,6 +24,21 @@ def _softplus(x):
 
 
 @triton.jit
+def _mamba2_entry(rx, rB, x, B, i, x_r, x_t, x_h, b_r, b_t, b_g, h, g, j, count, origin, capacity, op, pmask, on,
+                  P: tl.constexpr, N: tl.constexpr):
+    """x [BP] and B [N] of window entry j (ring for j < count, else token j - count), fp32."""
+    if j < count:
+        p = (origin + j) % capacity
+        xj = tl.load(rx + p * P + op, mask=pmask, other=0.0).to(tl.float32)
+        bj = tl.load(rB + p * N + on).to(tl.float32)
+    else:
+        t = j - count
+        xj = tl.load(x + i * x_r + t * x_t + h * x_h + op, mask=pmask, other=0.0).to(tl.float32)
+        bj = tl.load(B + i * b_r + t * b_t + g * b_g + on).to(tl.float32)
+    return xj, bj
+
+
+@triton.jit
 def _mamba2_step_fwd_kernel(
     ckpt, c_s, c_h, c_p, c_n,                  # [S, H, P, N] checkpoint (any strides)
     rc_codes, rc_bs, rc_rs,                    # read copy, contiguous [S, H, P, ...]
@@ -49,16 +64,6 @@ def _mamba2_step_fwd_kernel(
     slot = tl.load(slots + i)
     valid = slot >= 0
     sl = tl.maximum(slot, 0)
-    on = tl.arange(0, N)
-    ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
-    head = (sl * H + h) * P
-    if not FLUSH_PASS:
-        # most rows are non-flush rows: issue the state read together with the cursor read
-        if READ_FMT == READ_CHECKPOINT:
-            S0 = tl.load(ck, mask=pmask[:, None] & valid, other=0.0).to(tl.float32)            # [BP, N]
-        else:
-            S0 = load_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head, op,
-                                pmask & valid, READ_FMT, BP, N, RC_CW, N // 16)
     count = tl.load(count_ptr + sl)
     is_flush = count + T >= window
     if not valid:
@@ -69,12 +74,18 @@ def _mamba2_step_fwd_kernel(
         origin = tl.load(origin_ptr + sl)
         g = h // (H // G)
         e = tl.arange(0, BM)                                   # window entry
+        on = tl.arange(0, N)
         hist = e < count
         new = (e >= count) & (e < count + T)
         tok = e - count                                        # token index of new entries
         pos = (origin + e) % capacity                          # ring entry of window entry e
-        if FLUSH_PASS:
+        ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
+        head = (sl * H + h) * P
+        if FLUSH_PASS or READ_FMT == READ_CHECKPOINT:
             S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                    # [BP, N]
+        else:
+            S0 = load_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head, op, pmask,
+                                READ_FMT, BP, N, RC_CW, N // 16)
 
         # per-head window scalars: dt' = softplus(dt + dt_bias), lam = cumsum(A dt')
         rdt = ring_dt + (sl * H + h) * capacity
@@ -114,11 +125,11 @@ def _mamba2_step_fwd_kernel(
             lam_e = tl.sum(tl.where(e == n_fold - 1, lam, 0.0), axis=0)
             s = tl.where(e < n_fold, tl.exp(tl.minimum(lam_e - lam, 0.0)) * dtp, 0.0)
             S_new = tl.exp(lam_e) * S0
-            xs = xf * s[:, None]                                # window rows already in registers
             for j in range(0, n_fold):
-                xj = tl.sum(tl.where((e == j)[:, None], xs, 0.0), axis=0)                          # [BP]
-                bj = tl.sum(tl.where((e == j)[:, None], Bf, 0.0), axis=0)                          # [N]
-                S_new += xj[:, None] * bj[None, :]
+                xj, bj = _mamba2_entry(rx, rB, x, B, i, x_r, x_t, x_h, b_r, b_t, b_g, h, g, j, count, origin,
+                                       capacity, op, pmask, on, P, N)
+                sj = tl.sum(tl.where(e == j, s, 0.0), axis=0)
+                S_new += (sj * xj)[:, None] * bj[None, :]
             ep = tl.load(epoch_ptr + sl)
             index = h * (P * N) + op[:, None] * N + on[None, :]
             stored = round_checkpoint(S_new, index, sr_base, ep, CKPT_FMT)
