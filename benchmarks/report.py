@@ -1,0 +1,128 @@
+"""Turn a bench_decode.py JSON into the BENCHMARKS.md tables and a PNG plot.
+
+    python benchmarks/report.py docs/bench-h200-2026-11-29.json --png docs/decode-h200.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+PEER = {"nemotron-h": "peer mamba_ssm selective_state_update", "qwen3.5": "peer fla fused_recurrent T=1",
+        "qwen3.5-122b": "peer fla fused_recurrent T=1", "kimi-linear": "peer fla fused_recurrent_kda T=1"}
+
+
+def load(path):
+    data = json.load(open(path))
+    t = defaultdict(dict)
+    for r in data["rows"]:
+        t[(r["model"], r["batch"])][r["what"]] = r
+    return data, t
+
+
+def sglang_amortized(m):
+    """SGLang replay over a window: mean of its non-flush points (w = 0, 7, 14) times 15, plus one flush."""
+    nf = [m[f"peer sglang replay w={w}"]["us"] for w in (0, 7, 14) if f"peer sglang replay w={w}" in m]
+    if not nf or "peer sglang replay flush" not in m:
+        return None
+    return (15 * sum(nf) / len(nf) + m["peer sglang replay flush"]["us"]) / 16
+
+
+def decode_table(t, copy_gbps):
+    rows = ["| model | batch | non-flush µs (w=0/7/14) | flush µs | amortized µs | GB/s (amortized) | % of copy | "
+            "conventional peer µs | vs peer | SGLang replay amortized µs | vs SGLang | read floor µs | rw floor µs |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (model, batch), m in sorted(t.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        if model == "copy" or "ours amortized (16-step window)" not in m:
+            continue
+        nf = "/".join(f"{m[f'ours non-flush w={w}']['us']:.0f}" for w in (0, 7, 14))
+        am = m["ours amortized (16-step window)"]
+        peer = m.get(PEER[model])
+        sg = sglang_amortized(m)
+        rows.append(
+            f"| {model} | {batch} | {nf} | {m['ours flush']['us']:.0f} | {am['us']:.0f} | {am['gbps']:.0f} | "
+            f"{100 * am['gbps'] / copy_gbps:.0f}% | {peer['us']:.0f} | {peer['us'] / am['us']:.2f}x | "
+            + (f"{sg:.0f} | {sg / am['us']:.2f}x" if sg else "– | –")
+            + f" | {m['floor read']['us']:.0f} | {m['floor read+write']['us']:.0f} |")
+    return "\n".join(rows)
+
+
+def read_format_table(t):
+    rows = ["| model | batch | non-flush w=7 fp32 µs | fp8 µs | nvfp4 µs | nvfp4 speedup | flush fp32 / fp8 / nvfp4 µs |",
+            "|---|---|---|---|---|---|---|"]
+    for (model, batch), m in sorted(t.items()):
+        if "ours non-flush w=7 nvfp4" not in m:
+            continue
+        f32, f8, f4 = (m[k]["us"] for k in ("ours non-flush w=7", "ours non-flush w=7 fp8", "ours non-flush w=7 nvfp4"))
+        fl = " / ".join(f"{m[k]['us']:.0f}" for k in ("ours flush", "ours flush fp8", "ours flush nvfp4"))
+        rows.append(f"| {model} | {batch} | {f32:.0f} | {f8:.0f} | {f4:.0f} | {f32 / f4:.2f}x | {fl} |")
+    return "\n".join(rows)
+
+
+def verify_table(t):
+    rows = ["| model | batch | T | ours verify µs | ours non-flush w=7 µs | verify / non-flush | snapshot baseline µs | "
+            "vs baseline |", "|---|---|---|---|---|---|---|---|"]
+    for (model, batch), m in sorted(t.items()):
+        for T in (2, 4, 8):
+            k = f"ours verify T={T} (no flush)"
+            if k not in m:
+                continue
+            base = next((v for kk, v in m.items() if kk.startswith(("baseline mamba2 per-draft snapshots",
+                                                                     "peer fla kda per-draft snapshots"))
+                         and kk.endswith(f"T={T}")), None)
+            nf = m["ours non-flush w=7"]["us"]
+            rows.append(f"| {model} | {batch} | {T} | {m[k]['us']:.0f} | {nf:.0f} | {m[k]['us'] / nf:.1f}x | "
+                        + (f"{base['us']:.0f} | {base['us'] / m[k]['us']:.2f}x |" if base else "– | – |"))
+    return "\n".join(rows)
+
+
+def plot(t, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    models = ["nemotron-h", "qwen3.5", "qwen3.5-122b", "kimi-linear"]
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    for ax, model in zip(axes, models):
+        batches = sorted(b for (mm, b) in t if mm == model and "ours amortized (16-step window)" in t[(mm, b)])
+        series = {
+            "replayssm amortized": [t[(model, b)]["ours amortized (16-step window)"]["us"] for b in batches],
+            "conventional peer": [t[(model, b)][PEER[model]]["us"] for b in batches],
+            "read floor": [t[(model, b)]["floor read"]["us"] for b in batches],
+            "read+write floor": [t[(model, b)]["floor read+write"]["us"] for b in batches],
+        }
+        sg = [sglang_amortized(t[(model, b)]) for b in batches]
+        if all(sg):
+            series["SGLang replay amortized"] = sg
+        for name, ys in series.items():
+            ax.plot(batches, ys, marker="o", label=name, linestyle="--" if "floor" in name else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(model)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("µs per decode step (one layer)")
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.suptitle("Decode step per layer on an H200 (window 16, fp32 checkpoint, bf16 activations)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("json")
+    ap.add_argument("--png", default=None)
+    args = ap.parse_args()
+    data, t = load(args.json)
+    copy = t[("copy", 0)]["device copy 1 GiB, no graph"]["gbps"]
+    print(f"GPU {data['gpu']}, torch {data['torch']}, Triton {data['triton']}; copy ceiling {copy:.0f} GB/s\n")
+    print(decode_table(t, copy), "\n")
+    print(read_format_table(t), "\n")
+    print(verify_table(t))
+    if args.png:
+        plot(t, args.png)
+
+
+if __name__ == "__main__":
+    main()
