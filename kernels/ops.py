@@ -16,6 +16,7 @@ copied); inputs must have a contiguous last dimension.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -37,6 +38,29 @@ TILES = {
     "mamba2": {"decode": dict(rows=32, num_warps=8), "verify": dict(rows=16, num_warps=8)},
     "delta": {"decode": dict(rows=32, num_warps=4), "verify": dict(rows=32, num_warps=8)},
 }
+
+
+@dataclass
+class Launch:
+    """One kernel launch: the Triton function, its grid (``"n"`` = rows), arguments in kernel order
+    (without constexprs), constexprs and warps. The torch ops run it; the TensorRT AOT path
+    compiles the same function with the same arguments."""
+
+    op: str
+    kernel: object
+    grid: tuple
+    n: int
+    args: list
+    constexprs: dict
+    num_warps: int
+
+
+def launch(plan: list[Launch]) -> None:
+    """Run launches in order (first launch of each variant is logged)."""
+    for lc in plan:
+        _log_first((lc.op, tuple(sorted(lc.constexprs.items()))))
+        grid = tuple(lc.n if d == "n" else d for d in lc.grid)
+        lc.kernel[grid](*lc.args, num_warps=lc.num_warps, **lc.constexprs)
 
 
 def sr_base(seed: int, layer: int) -> int:
@@ -61,9 +85,9 @@ def _log_first(key) -> None:
         log.info("replayssm: first launch of %s (compiles once)", key)
 
 
-def _window_block(capacity: int) -> tuple[int, int]:
-    bm = max(16, triton.next_power_of_2(capacity))
-    return bm, bm.bit_length() - 1
+def _window_block(capacity: int) -> int:
+    """Window entries a program holds: the ring capacity rounded up to a power of two >= 16."""
+    return max(16, triton.next_power_of_2(capacity))
 
 
 def _read_consts(read_format: int, cols: int) -> dict:
@@ -79,6 +103,47 @@ def _read_buffers(read_codes, read_block_scale, read_row_scale, ref: torch.Tenso
         if t is None or not t.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor with the other read-copy buffers")
     return read_codes, read_block_scale, read_row_scale
+
+
+def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], read_block_scale: Optional[torch.Tensor],
+                read_row_scale: Optional[torch.Tensor], ring_x: torch.Tensor, ring_dt: torch.Tensor,
+                ring_B: torch.Tensor, count: torch.Tensor, origin: torch.Tensor,
+                epoch: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                z: Optional[torch.Tensor], out: torch.Tensor, window: int, committed: bool, checkpoint_format: int,
+                read_format: int, sr_base: int) -> list[Launch]:
+    """Validated launches of one Mamba-2 step (non-flush pass, flush pass); see ``mamba2_step``."""
+    S, H, P, N = checkpoint.shape
+    n, T = x.shape[:2]
+    G, C_cap = ring_B.shape[1], ring_B.shape[2]
+    _require("ring_x", ring_x, (S, H, C_cap, P), contiguous=True)
+    _require("ring_dt", ring_dt, (S, H, C_cap), torch.float32, contiguous=True)
+    _require("ring_B", ring_B, (S, G, C_cap, N), ring_x.dtype, contiguous=True)
+    _require("x", x, (n, T, H, P), ring_x.dtype)
+    _require("dt", dt, (n, T, H))
+    _require("B", B, (n, T, G, N), ring_x.dtype)
+    _require("C", C, (n, T, G, N))
+    _require("out", out, (n, T, H, P))
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        if t is not None:
+            _require(name, t, (H,), torch.float32, contiguous=True)
+    if z is not None:
+        _require("z", z, (n, T, H, P))
+    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_dt)
+    zz = z if z is not None else x
+    tile = TILES["mamba2"]["decode" if T == 1 else "verify"]
+    BM = _window_block(C_cap)
+    BP = min(tile["rows"], max(16, triton.next_power_of_2(P)))
+    const = dict(T=T, H=H, G=G, P=P, N=N, BP=BP, BM=BM, COMMITTED=committed, HAS_D=D is not None,
+                 HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, CKPT_FMT=checkpoint_format,
+                 READ_FMT=read_format, **_read_consts(read_format, N))
+    args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_x, ring_dt, ring_B, count, origin, epoch, slots,
+            x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A,
+            dt_bias if dt_bias is not None else A, B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3],
+            out, *out.stride()[:3], window, C_cap, sr_base]
+    return [Launch("mamba2_step", _mamba2_step_fwd_kernel, (triton.cdiv(P, BP), H, "n"), n, args,
+                   {**const, "FLUSH_PASS": flush_pass}, tile["num_warps"]) for flush_pass in (False, True)]
+
 
 
 @torch.library.custom_op("replayssm::mamba2_step", mutates_args=(
@@ -110,44 +175,51 @@ def mamba2_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
     ``committed``: decode (the token folds at a flush) or verify (history only folds).
     The cursors are not moved here: call ``advance`` after the step.
     """
-    S, H, P, N = checkpoint.shape
-    n, T = x.shape[:2]
-    G, C_cap = ring_B.shape[1], ring_B.shape[2]
-    _require("ring_x", ring_x, (S, H, C_cap, P), contiguous=True)
-    _require("ring_dt", ring_dt, (S, H, C_cap), torch.float32, contiguous=True)
-    _require("ring_B", ring_B, (S, G, C_cap, N), ring_x.dtype, contiguous=True)
-    _require("x", x, (n, T, H, P), ring_x.dtype)
-    _require("dt", dt, (n, T, H))
-    _require("B", B, (n, T, G, N), ring_x.dtype)
-    _require("C", C, (n, T, G, N))
-    _require("out", out, (n, T, H, P))
-    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
-        if t is not None:
-            _require(name, t, (H,), torch.float32, contiguous=True)
-    if z is not None:
-        _require("z", z, (n, T, H, P))
-    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_dt)
-    zz = z if z is not None else x
-    tile = TILES["mamba2"]["decode" if T == 1 else "verify"]
-    BM, _ = _window_block(C_cap)
-    BP = min(tile["rows"], max(16, triton.next_power_of_2(P)))
-    const = dict(T=T, H=H, G=G, P=P, N=N, BP=BP, BM=BM, COMMITTED=committed, HAS_D=D is not None,
-                 HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, CKPT_FMT=checkpoint_format,
-                 READ_FMT=read_format, **_read_consts(read_format, N))
-    _log_first(("mamba2_step", tuple(sorted(const.items()))))
-    for flush_pass in (False, True):
-        _mamba2_step_fwd_kernel[(triton.cdiv(P, BP), H, n)](
-            checkpoint, *checkpoint.stride(), codes, bs, rs, ring_x, ring_dt, ring_B, count, origin, epoch, slots,
-            x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A,
-            dt_bias if dt_bias is not None else A, B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3],
-            out, *out.stride()[:3], window, C_cap, sr_base, num_warps=tile["num_warps"], FLUSH_PASS=flush_pass,
-            **const)
+    launch(mamba2_plan(checkpoint, read_codes, read_block_scale, read_row_scale, ring_x, ring_dt, ring_B, count,
+        origin, epoch, slots, x, dt, A, B, C, D, dt_bias, z, out, window, committed, checkpoint_format, read_format,
+        sr_base))
 
 
 @mamba2_step.register_fake
 def _(checkpoint, read_codes, read_block_scale, read_row_scale, ring_x, ring_dt, ring_B, count, origin,
       epoch, slots, x, dt, A, B, C, D, dt_bias, z, out, window, committed, checkpoint_format, read_format, sr_base):
     return None
+
+
+def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], read_block_scale: Optional[torch.Tensor],
+               read_row_scale: Optional[torch.Tensor], ring_k: torch.Tensor, ring_v: torch.Tensor,
+               ring_g: torch.Tensor, ring_beta: torch.Tensor, ring_d: torch.Tensor, count: torch.Tensor,
+               origin: torch.Tensor,
+               epoch: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, scale: float, window: int, committed: bool,
+               checkpoint_format: int, read_format: int, sr_base: int) -> list[Launch]:
+    """Validated launches of one GDN / KDA step (non-flush pass, flush pass); see ``delta_step``."""
+    S, HV, K, V = checkpoint.shape
+    n, T = v.shape[:2]
+    HK, C_cap = ring_k.shape[1], ring_k.shape[2]
+    per_channel = g.dim() == 4
+    _require("ring_k", ring_k, (S, HK, C_cap, K), contiguous=True)
+    _require("ring_v", ring_v, (S, HV, C_cap, V), ring_k.dtype, contiguous=True)
+    _require("ring_g", ring_g, (S, HV, C_cap, K) if per_channel else (S, HV, C_cap), torch.float32, contiguous=True)
+    _require("ring_beta", ring_beta, (S, HV, C_cap), torch.float32, contiguous=True)
+    _require("ring_d", ring_d, (S, HV, C_cap, V), torch.float32, contiguous=True)
+    _require("q", q, (n, T, HK, K))
+    _require("k", k, (n, T, HK, K), ring_k.dtype)
+    _require("v", v, (n, T, HV, V), ring_k.dtype)
+    _require("g", g, (n, T, HV, K) if per_channel else (n, T, HV))
+    _require("beta", beta, (n, T, HV))
+    _require("out", out, (n, T, HV, V))
+    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_beta)
+    tile = TILES["delta"]["decode" if T == 1 else "verify"]
+    BM = _window_block(C_cap)
+    BV = min(tile["rows"], max(16, triton.next_power_of_2(V)))
+    const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BV=BV, BM=BM, COMMITTED=committed, PER_CHANNEL=per_channel,
+                 CKPT_FMT=checkpoint_format, READ_FMT=read_format, **_read_consts(read_format, K))
+    args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,
+            epoch, slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
+            *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
+    return [Launch("delta_step", _delta_step_fwd_kernel, (triton.cdiv(V, BV), HV, "n"), n, args,
+                   {**const, "FLUSH_PASS": flush_pass}, tile["num_warps"]) for flush_pass in (False, True)]
 
 
 @torch.library.custom_op("replayssm::delta_step", mutates_args=(
@@ -180,34 +252,9 @@ def delta_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
 
     The cursors are not moved here: call ``advance`` after the step.
     """
-    S, HV, K, V = checkpoint.shape
-    n, T = v.shape[:2]
-    HK, C_cap = ring_k.shape[1], ring_k.shape[2]
-    per_channel = g.dim() == 4
-    _require("ring_k", ring_k, (S, HK, C_cap, K), contiguous=True)
-    _require("ring_v", ring_v, (S, HV, C_cap, V), ring_k.dtype, contiguous=True)
-    _require("ring_g", ring_g, (S, HV, C_cap, K) if per_channel else (S, HV, C_cap), torch.float32, contiguous=True)
-    _require("ring_beta", ring_beta, (S, HV, C_cap), torch.float32, contiguous=True)
-    _require("ring_d", ring_d, (S, HV, C_cap, V), torch.float32, contiguous=True)
-    _require("q", q, (n, T, HK, K))
-    _require("k", k, (n, T, HK, K), ring_k.dtype)
-    _require("v", v, (n, T, HV, V), ring_k.dtype)
-    _require("g", g, (n, T, HV, K) if per_channel else (n, T, HV))
-    _require("beta", beta, (n, T, HV))
-    _require("out", out, (n, T, HV, V))
-    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_beta)
-    tile = TILES["delta"]["decode" if T == 1 else "verify"]
-    BM, _ = _window_block(C_cap)
-    BV = min(tile["rows"], max(16, triton.next_power_of_2(V)))
-    const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BV=BV, BM=BM, COMMITTED=committed, PER_CHANNEL=per_channel,
-                 CKPT_FMT=checkpoint_format, READ_FMT=read_format, **_read_consts(read_format, K))
-    _log_first(("delta_step", tuple(sorted(const.items()))))
-    for flush_pass in (False, True):
-        _delta_step_fwd_kernel[(triton.cdiv(V, BV), HV, n)](
-            checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,
-            epoch, slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
-            *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base,
-            num_warps=tile["num_warps"], FLUSH_PASS=flush_pass, **const)
+    launch(delta_plan(checkpoint, read_codes, read_block_scale, read_row_scale, ring_k, ring_v, ring_g, ring_beta,
+        ring_d, count, origin, epoch, slots, q, k, v, g, beta, out, scale, window, committed, checkpoint_format,
+        read_format, sr_base))
 
 
 @delta_step.register_fake

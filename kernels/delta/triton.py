@@ -19,6 +19,7 @@ import triton.language as tl
 
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, round_checkpoint,
                                               store_read_copy)
+from replayssm.kernels.ring.triton import row_route, zero_rows
 
 
 @triton.jit
@@ -70,15 +71,10 @@ def _delta_step_fwd_kernel(
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
-    slot = tl.load(slots + i)
-    valid = slot >= 0
-    sl = tl.maximum(slot, 0)
-    count = tl.load(count_ptr + sl)
-    is_flush = count + T >= window
+    valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
     if not valid:
         if not FLUSH_PASS:
-            for t in tl.static_range(T):
-                tl.store(out + i * o_r + t * o_t + h * o_h + ov, tl.zeros([BV], tl.float32), mask=vmask)
+            zero_rows(out, i, o_r, o_t, o_h, h, ov, vmask, T, BV)
     elif is_flush == FLUSH_PASS:
         origin = tl.load(origin_ptr + sl)
         ok = tl.arange(0, K)

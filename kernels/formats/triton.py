@@ -110,8 +110,8 @@ def e2m1_decode(code):
 
 @triton.jit
 def quantize_rows(x, amax_r, FMT: tl.constexpr, EMAX: tl.constexpr, R: tl.constexpr, COLS: tl.constexpr):
-    """Encode ``x [R, COLS]`` fp32 (a whole row, or a chunk of it with the row's ``amax_r [R]``);
-    EMAX: 448 for fp8, 6 for nvfp4. Returns ``(codes [R, COLS] or [R, COLS/2] bytes, block_scale
+    """Encode ``x [R, COLS]`` fp32 rows whose absolute maxima are ``amax_r [R]``; EMAX: 448 for
+    fp8, 6 for nvfp4. Returns ``(codes [R, COLS] or [R, COLS/2] bytes, block_scale
     bytes [R, COLS/16], row_scale fp32 [R])``."""
     xb = tl.reshape(x, (R, COLS // 16, 16))
     amax_b = tl.max(tl.abs(xb), axis=2)
@@ -169,30 +169,21 @@ def load_read_copy(codes_ptr, bs_ptr, rs_ptr, rows, row_mask, FMT: tl.constexpr,
 
 
 @triton.jit
-def store_read_copy_chunk(codes_ptr, bs_ptr, rs_ptr, x, amax_r, rows, row_mask, write_row_scale,
-                          FMT: tl.constexpr, EMAX: tl.constexpr, R: tl.constexpr, COLS: tl.constexpr,
-                          CODE_STRIDE: tl.constexpr, BS_STRIDE: tl.constexpr):
-    """Encode fp32 ``x [R, COLS]`` (columns of rows whose whole-row amax is ``amax_r``) and store
-    it; pointers as in :func:`load_read_copy`. The row scales are stored when ``write_row_scale``."""
-    codes, bs, rs = quantize_rows(x, amax_r, FMT, EMAX, R, COLS)
+def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.constexpr, EMAX: tl.constexpr,
+                    R: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr):
+    """Encode whole rows ``x [R, COLS]`` fp32 and store them as rows ``rows`` of a (slot, head) read
+    copy; pointers as in :func:`load_read_copy` with ``CODE_STRIDE = CW``, ``BS_STRIDE = COLS / 16``."""
+    codes, bs, rs = quantize_rows(x, tl.max(tl.abs(x), axis=1), FMT, EMAX, R, COLS)
     if FMT == READ_FP8:
         oc = tl.arange(0, COLS)
     else:
         oc = tl.arange(0, COLS // 2)
-    tl.store(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * CODE_STRIDE + oc[None, :], codes,
+    tl.store(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * CW + oc[None, :], codes,
              mask=row_mask[:, None])
     ob = tl.arange(0, COLS // 16)
-    tl.store(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * BS_STRIDE + ob[None, :], bs,
+    tl.store(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * (COLS // 16) + ob[None, :], bs,
              mask=row_mask[:, None])
-    tl.store(rs_ptr + rows, rs, mask=row_mask & write_row_scale)
-
-
-@triton.jit
-def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.constexpr, EMAX: tl.constexpr,
-                    R: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr):
-    """Encode whole rows ``x [R, COLS]`` fp32 and store them as rows ``rows`` of a (slot, head) read copy."""
-    store_read_copy_chunk(codes_ptr, bs_ptr, rs_ptr, x, tl.max(tl.abs(x), axis=1), rows, row_mask, True, FMT, EMAX,
-                          R, COLS, CW, COLS // 16)
+    tl.store(rs_ptr + rows, rs, mask=row_mask)
 
 
 @triton.jit

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, round_checkpoint,
                                               store_read_copy)
+from replayssm.kernels.ring.triton import row_route, zero_rows
 
 
 @triton.jit
@@ -61,15 +62,10 @@ def _mamba2_step_fwd_kernel(
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
-    slot = tl.load(slots + i)
-    valid = slot >= 0
-    sl = tl.maximum(slot, 0)
-    count = tl.load(count_ptr + sl)
-    is_flush = count + T >= window
+    valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
     if not valid:
         if not FLUSH_PASS:
-            for t in tl.static_range(T):
-                tl.store(out + i * o_r + t * o_t + h * o_h + op, tl.zeros([BP], tl.float32), mask=pmask)
+            zero_rows(out, i, o_r, o_t, o_h, h, op, pmask, T, BP)
     elif is_flush == FLUSH_PASS:
         origin = tl.load(origin_ptr + sl)
         g = h // (H // G)
