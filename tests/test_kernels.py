@@ -183,3 +183,17 @@ def test_ops_are_registered_with_mutation_schemas():
     assert re.search(r"Tensor count,", schema)  # cursors are read, not written
     assert "Tensor slots" in str(torch.ops.replayssm.mamba2_step.default._schema)
     assert hasattr(torch.ops.replayssm, "commit") and hasattr(torch.ops.replayssm, "advance")
+
+
+def test_warmup_compiles_and_logs_first_launches(caplog):
+    import logging
+
+    from replayssm.kernels import warmup
+    from replayssm.kernels.ops import _compiled
+    spec = rs.LayerSpec.gdn(num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=8)
+    cfg = rs.ReplayConfig(window=3, max_draft_tokens=1, seed=7)
+    _compiled.clear()
+    with caplog.at_level(logging.INFO, logger="replayssm"):
+        assert warmup(spec, cfg, device=DEVICE, tokens=(1, 2)) == 2
+    firsts = [r.getMessage() for r in caplog.records if "first launch" in r.getMessage()]
+    assert any("'T', 1" in m for m in firsts) and any("'T', 2" in m for m in firsts)
