@@ -15,6 +15,7 @@ copied); inputs must have a contiguous last dimension.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -63,6 +64,7 @@ def launch(plan: list[Launch]) -> None:
         lc.kernel[grid](*lc.args, num_warps=lc.num_warps, **lc.constexprs)
 
 
+@functools.lru_cache(maxsize=None)
 def sr_base(seed: int, layer: int) -> int:
     """First hash of the stochastic-rounding key (RING.md): mix32(seed + 0x9E3779B9 (layer + 1))."""
     return int(mix32(torch.tensor((seed + 0x9E3779B9 * (layer + 1)) & 0xFFFFFFFF, dtype=torch.int64)))
