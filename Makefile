@@ -3,14 +3,21 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.replayssm-installed
+# sglang 0.5.23 without its GPU-only requirements, plus the pure-Python packages its modules import
+SGLANG := sglang==0.5.23
+SGLANG_DEPS := transformers==5.19.0 msgspec orjson pybase64 psutil requests pydantic pyzmq einops fastapi uvicorn \
+	aiohttp pillow tqdm regex IPython dill apache-tvm-ffi sentencepiece compressed-tensors gguf openai \
+	partial_json_parser uvloop jsonschema xgrammar soundfile python-multipart
 
 .PHONY: demo test test-wheel clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps $(SGLANG)
+	$(PY) -m pip install -q $(SGLANG_DEPS)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,0 +1,106 @@
+"""``python -m replayssm.integrations.sglang.launch_server --replay-ssm [options] <sglang server args>``
+
+Own options (everything else goes to SGLang unchanged):
+
+| option | meaning |
+|---|---|
+| ``--replay-ssm`` | turn replay on |
+| ``--replay-window L`` | ring window (default 16) |
+| ``--replay-checkpoint-dtype`` | float32 (default), float16_sr, bfloat16 |
+| ``--replay-read-format`` | checkpoint (default), fp8, nvfp4 |
+| ``--dry-run`` | print the resolved SGLang arguments and replay configuration as JSON, start nothing |
+
+The options travel to every SGLang process in the ``REPLAYSSM_SGLANG`` environment variable
+(SGLang spawns its workers); the SGLang flags replay needs are added, and SGLang's own parser
+validates the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from replayssm.spec import CHECKPOINT_DTYPES, READ_FORMATS, ReplayConfig
+
+from . import options
+
+# SGLang's storage dtype for the checkpoint (``temporal``) per replayssm checkpoint dtype
+_SSM_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16_sr": "float16"}
+_OWN_REPLAY_FLAGS = ("--enable-linear-replayssm", "--enable-linear-replayssm-spec", "--linear-replayssm-cache-len")
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
+    """Split and check the command line: ``(replay config as a dict or None, SGLang args, dry_run)``."""
+    ap = argparse.ArgumentParser(prog="replayssm.integrations.sglang.launch_server", add_help=True)
+    ap.add_argument("--replay-ssm", action="store_true")
+    ap.add_argument("--replay-window", type=int, default=16)
+    ap.add_argument("--replay-checkpoint-dtype", default="float32", choices=tuple(CHECKPOINT_DTYPES))
+    ap.add_argument("--replay-read-format", default="checkpoint", choices=READ_FORMATS)
+    ap.add_argument("--dry-run", action="store_true")
+    own, rest = ap.parse_known_args(argv)
+    if not own.replay_ssm:
+        return None, rest, own.dry_run
+    for flag in _OWN_REPLAY_FLAGS:
+        if any(a == flag or a.startswith(flag + "=") for a in rest):
+            raise SystemExit(f"{flag}: replayssm replaces SGLang's own replay; drop it and use --replay-ssm")
+    topk = _flag_value(rest, "--speculative-eagle-topk")
+    if topk is not None and int(topk) > 1:
+        raise SystemExit(f"--speculative-eagle-topk: replay verifies a chain of drafts; expected 1, got {topk}")
+    drafts = _flag_value(rest, "--speculative-num-draft-tokens")
+    try:
+        cfg = ReplayConfig(window=own.replay_window, max_draft_tokens=max(int(drafts or 1) - 1, 0),
+                           checkpoint_dtype=own.replay_checkpoint_dtype, read_format=own.replay_read_format,
+                           ring_dtype="bfloat16")
+    except ValueError as e:
+        raise SystemExit(f"--replay-{str(e).split(':')[0].replace('_', '-')}: {str(e).split(':', 1)[1].strip()}")
+    sglang_args = list(rest)
+    if _flag_value(rest, "--mamba-ssm-dtype") not in (None, _SSM_DTYPE[cfg.checkpoint_dtype]):
+        raise SystemExit(f"--mamba-ssm-dtype: --replay-checkpoint-dtype {cfg.checkpoint_dtype} stores the "
+                         f"checkpoint as {_SSM_DTYPE[cfg.checkpoint_dtype]}; drop --mamba-ssm-dtype")
+    if _flag_value(rest, "--mamba-ssm-dtype") is None:
+        sglang_args += ["--mamba-ssm-dtype", _SSM_DTYPE[cfg.checkpoint_dtype]]
+    if _flag_value(rest, "--mamba-radix-cache-strategy") is None and "--disable-radix-cache" not in rest:
+        sglang_args += ["--mamba-radix-cache-strategy", "no_buffer"]
+    return json.loads(options.encode(cfg)), sglang_args, own.dry_run
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    replay, sglang_args, dry_run = resolve(argv)
+    from sglang.srt.server_args import prepare_server_args
+
+    from .plugin import check_version
+
+    check_version()
+    env = {}
+    if replay is not None:
+        env[options.ENV_VAR] = json.dumps(replay, sort_keys=True)
+        os.environ.update(env)
+    server_args = prepare_server_args(sglang_args)          # SGLang's own strict parser
+    if dry_run:
+        print(json.dumps(dict(sglang_args=sglang_args, replay=replay, env=env,
+                              model_path=server_args.model_path), indent=1))
+        return
+    if replay is not None:
+        raise SystemExit("--replay-ssm: serving needs replayssm's SGLang adapters, which are not built yet "
+                         "(only --dry-run works); see the README's Status")
+    from sglang.launch_server import run_server
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    run_server(server_args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The SGLang launcher and plugin entry point, against the real sglang 0.5.23 that `make test` installs."""
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from replayssm import ReplayConfig  # noqa: E402
+from replayssm.integrations.sglang import launch_server, options, plugin  # noqa: E402
+
+MODEL = ["--model-path", "nvidia/NVIDIA-Nemotron-Nano-9B-v2", "--device", "cpu"]
+SPEC = ["--speculative-algorithm", "EAGLE", "--speculative-num-draft-tokens", "4", "--speculative-eagle-topk", "1",
+        "--speculative-num-steps", "3"]
+
+
+@pytest.fixture
+def environ(monkeypatch):
+    env = dict(os.environ)
+    env.pop(options.ENV_VAR, None)
+    monkeypatch.setattr(os, "environ", env)
+    return env
+
+
+def _dry_run(capsys, args):
+    launch_server.main(args + ["--dry-run"])
+    return json.loads(capsys.readouterr().out)
+
+
+def test_dry_run_decode(environ, capsys):
+    out = _dry_run(capsys, ["--replay-ssm", "--replay-read-format", "nvfp4", "--replay-window", "8"] + MODEL)
+    assert out["sglang_args"] == MODEL + ["--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer"]
+    assert out["replay"] == dict(window=8, max_draft_tokens=0, checkpoint_dtype="float32", read_format="nvfp4",
+                                 ring_dtype="bfloat16", seed=0, ring_version=1)
+    assert json.loads(environ[options.ENV_VAR]) == out["replay"]
+    assert options.from_env() == ReplayConfig(window=8, read_format="nvfp4", ring_dtype="bfloat16")
+
+
+def test_dry_run_spec_and_checkpoint_dtype(environ, capsys):
+    out = _dry_run(capsys, ["--replay-ssm", "--replay-checkpoint-dtype", "float16_sr"] + MODEL + SPEC)
+    assert out["replay"]["max_draft_tokens"] == 3
+    assert out["sglang_args"][-4:] == ["--mamba-ssm-dtype", "float16", "--mamba-radix-cache-strategy", "no_buffer"]
+
+
+def test_replay_off_passes_everything_through(environ, capsys):
+    out = _dry_run(capsys, MODEL + ["--mamba-radix-cache-strategy", "extra_buffer"])
+    assert out["replay"] is None and out["env"] == {}
+    assert out["sglang_args"] == MODEL + ["--mamba-radix-cache-strategy", "extra_buffer"]
+    assert options.ENV_VAR not in environ
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--enable-linear-replayssm"], "--enable-linear-replayssm: replayssm replaces SGLang's own replay"),
+    (["--speculative-eagle-topk", "2"], "--speculative-eagle-topk: replay verifies a chain of drafts"),
+    (["--replay-window", "0"], "--replay-window: expected a positive int"),
+    (["--mamba-ssm-dtype", "bfloat16"], "--mamba-ssm-dtype: --replay-checkpoint-dtype float32 stores"),
+])
+def test_refusals(environ, args, match):
+    with pytest.raises(SystemExit, match=match):
+        launch_server.main(["--replay-ssm", "--dry-run"] + MODEL + args)
+
+
+def test_serving_with_replay_is_refused_until_the_adapters_exist(environ):
+    with pytest.raises(SystemExit, match="--replay-ssm: serving needs replayssm's SGLang adapters"):
+        launch_server.main(["--replay-ssm"] + MODEL)
+
+
+def test_plugin_loaded_by_sglangs_loader_is_a_no_op_without_replay(environ, monkeypatch):
+    from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
+    monkeypatch.setenv("SGLANG_PLUGINS", "replayssm")
+    found = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+    assert "replayssm" in found
+    func = found["replayssm"][0]
+    assert func is plugin.load and func() is None
+
+
+def test_plugin_with_replay_checks_version_and_refuses(environ, monkeypatch):
+    import sglang
+    environ[options.ENV_VAR] = options.encode(ReplayConfig())
+    with pytest.raises(NotImplementedError, match="SGLang adapters .* are not built yet"):
+        plugin.load()
+    monkeypatch.setattr(sglang, "__version__", "0.5.22")
+    with pytest.raises(RuntimeError, match="targets sglang==0.5.23, found 0.5.22"):
+        plugin.load()
+    environ[options.ENV_VAR] = json.dumps(dict(window=16, ring_version=99))
+    with pytest.raises(RuntimeError, match="ring contract version 99"):
+        options.from_env()
