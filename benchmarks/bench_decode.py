@@ -316,7 +316,7 @@ def bench_sglang(name, spec, batch, kernel, st):
     out = torch.empty(batch, 1, HV, V, dtype=ACT, device=DEV)
     idx = torch.arange(batch, device=DEV, dtype=torch.int32)
     S = bytes_state(spec)
-    ring = K * HK * 2 / HV * HV + HV * V * 2 + HV * (K if kda else 1) * 4
+    ring = HK * K * 2 + HV * V * 2 + HV * (K if kda else 1) * 4     # k, d (bf16) and g (fp32) per entry
     for w in (0, 7, 14, L - 1):
         wp = torch.full((batch,), w, dtype=torch.int32, device=DEV)
         f = lambda: kernel(qkv, a, b, A_log, dt_bias, K ** -0.5, state, d, kc, gc, out, idx, wp,  # noqa: E731
@@ -346,7 +346,7 @@ def bench_verify(name, spec, batch, peers):
                                         inp["D"], inp["dt_bias"], out)
             record(name, batch, f"baseline mamba2 per-draft snapshots T={T}", timed(f), batch * (1 + T) * S, T=T)
         if spec.family != "mamba2" and "fla_kda" in peers:
-            HV, K = spec.num_v_heads, spec.head_k_dim
+            K = spec.head_k_dim
             pool = torch.empty(batch * T, *st.shape[1:], device=DEV)
             pool[:batch].copy_(st)
             # the state after draft t goes to slot n + t * batch; the first column also holds the start
@@ -366,6 +366,17 @@ def bench_verify(name, spec, batch, peers):
             record(name, batch, f"peer fla fused_recurrent T={T} (no snapshots)", timed(f), batch * 2 * S, T=T)
 
 
+def bench_ceilings():
+    """Copy, read and read+write passes over 1 GiB: the bandwidth ceilings of this GPU."""
+    src = torch.empty(2 ** 28, device=DEV)
+    dst = torch.empty_like(src)
+    nbytes = src.numel() * 4
+    record("copy", 0, "device copy 1 GiB (read+write)", timed(lambda: dst.copy_(src)), 2 * nbytes)
+    record("copy", 0, "device copy 1 GiB, no graph", timed(lambda: dst.copy_(src), graph=False), 2 * nbytes)
+    record("copy", 0, "read floor 1 GiB", timed(read_floor(src)), nbytes)
+    record("copy", 0, "read+write floor 1 GiB", timed(rw_floor(src)), 2 * nbytes)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--peers", default=".peers")
@@ -381,13 +392,7 @@ def main():
     peers = load_peers(args.peers)
     print("peers:", sorted(peers), "| GPU:", torch.cuda.get_device_name(), "| torch", torch.__version__,
           "| triton", triton.__version__, flush=True)
-    src = torch.empty(2 ** 28, device=DEV)
-    dst = torch.empty_like(src)
-    record("copy", 0, "device copy 1 GiB (read+write)", timed(lambda: dst.copy_(src)), 2 * src.numel() * 4)
-    record("copy", 0, "device copy 1 GiB, no graph", timed(lambda: dst.copy_(src), graph=False), 2 * src.numel() * 4)
-    record("copy", 0, "read floor 1 GiB", timed(read_floor(src)), src.numel() * 4)
-    record("copy", 0, "read+write floor 1 GiB", timed(rw_floor(src)), 2 * src.numel() * 4)
-    del src, dst
+    bench_ceilings()
     for name in args.models.split(","):
         spec = MODEL_SPECS[name]
         for batch in map(int, args.batches.split(",")):

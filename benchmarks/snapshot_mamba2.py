@@ -3,7 +3,6 @@ after every draft token (vLLM's semantics: one state read, T state writes)."""
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
