@@ -24,21 +24,42 @@ import torch
 import triton
 
 from replayssm.formats import mix32
-from replayssm.kernels.delta.triton import _delta_step_fwd_kernel
+from replayssm.kernels.delta.triton import _delta_decode_kernel, _delta_step_fwd_kernel
 from replayssm.kernels.formats.triton import _store_checkpoint_kernel
-from replayssm.kernels.mamba2.triton import _mamba2_step_fwd_kernel
+from replayssm.kernels.mamba2.triton import _mamba2_decode_kernel, _mamba2_step_fwd_kernel
 from replayssm.kernels.ring import triton as ring_triton
 
 log = logging.getLogger("replayssm")
 _compiled: set = set()
 
-# Hand-picked tiles (no autotuning: these kernels mutate state). rows = P (Mamba-2) or V (delta).
-# One program per (row tile, head, row); rows = P (Mamba-2) or V (delta). Chosen from ptxas
-# register reports at real dims (N = K = 128): no spills, at least two blocks per SM.
+# Hand-picked tiles (no autotuning: these kernels mutate state), chosen with
+# benchmarks/sweep_tiles.py on an H200 at real dims (N = K = 128). rows: P (Mamba-2) or V
+# (delta) per program; decode streams the state in `chunk`-column pieces through a `stages`-deep
+# pipeline; flush is the decode flush pass (`stages`: its replay loop's pipeline depth, delta);
+# verify is used for both passes of T > 1.
 TILES = {
-    "mamba2": {"decode": dict(rows=32, num_warps=8), "verify": dict(rows=16, num_warps=8)},
-    "delta": {"decode": dict(rows=32, num_warps=4), "verify": dict(rows=32, num_warps=8)},
+    "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3),
+               "flush": dict(rows=32, num_warps=4, stages=2), "verify": dict(rows=16, num_warps=8, stages=2)},
+    "delta": {"decode": dict(rows=64, num_warps=1, chunk=32, stages=3),
+              "flush": dict(rows=32, num_warps=2, stages=2), "verify": dict(rows=32, num_warps=8, stages=2)},
 }
+
+
+def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dict) -> list[tuple]:
+    """(kernel, rows per program, constexprs, warps) of the non-flush and flush passes."""
+    tiles = TILES[family]
+    if T > 1:
+        ver = tiles["verify"]
+        plan = [(kernels[1], ver, dict(STAGES=ver["stages"]))] * 2
+    else:
+        dec = tiles["decode"]
+        plan = [(kernels[0], dec, dict(NC=min(dec["chunk"], cols), STAGES=dec["stages"])),
+                (kernels[1], tiles["flush"], dict(STAGES=tiles["flush"]["stages"]))]
+    out = []
+    for (kernel, tile, extra), flush_pass in zip(plan, (False, True)):
+        block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
+        out.append((kernel, block, {**const, **extra, "FLUSH_PASS": flush_pass}, tile["num_warps"]))
+    return out
 
 
 @dataclass
@@ -133,19 +154,17 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
         _require("z", z, (n, T, H, P))
     codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_dt)
     zz = z if z is not None else x
-    tile = TILES["mamba2"]["decode" if T == 1 else "verify"]
     BM = _window_block(C_cap)
-    BP = min(tile["rows"], max(16, triton.next_power_of_2(P)))
-    const = dict(T=T, H=H, G=G, P=P, N=N, BP=BP, BM=BM, COMMITTED=committed, HAS_D=D is not None,
+    const = dict(T=T, H=H, G=G, P=P, N=N, BM=BM, COMMITTED=committed, HAS_D=D is not None,
                  HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, CKPT_FMT=checkpoint_format,
                  READ_FMT=read_format, **_read_consts(read_format, N))
     args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_x, ring_dt, ring_B, count, origin, epoch, slots,
             x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A,
             dt_bias if dt_bias is not None else A, B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3],
             out, *out.stride()[:3], window, C_cap, sr_base]
-    return [Launch("mamba2_step", _mamba2_step_fwd_kernel, (triton.cdiv(P, BP), H, "n"), n, args,
-                   {**const, "FLUSH_PASS": flush_pass}, tile["num_warps"]) for flush_pass in (False, True)]
-
+    return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), H, "n"), n, args, {**c, "BP": BP}, nw)
+            for kernel, BP, c, nw in _passes("mamba2", T, N, P, (_mamba2_decode_kernel, _mamba2_step_fwd_kernel),
+                                             const)]
 
 
 @torch.library.custom_op("replayssm::mamba2_step", mutates_args=(
@@ -212,16 +231,15 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     _require("beta", beta, (n, T, HV))
     _require("out", out, (n, T, HV, V))
     codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_beta)
-    tile = TILES["delta"]["decode" if T == 1 else "verify"]
     BM = _window_block(C_cap)
-    BV = min(tile["rows"], max(16, triton.next_power_of_2(V)))
-    const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BV=BV, BM=BM, COMMITTED=committed, PER_CHANNEL=per_channel,
+    const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BM=BM, COMMITTED=committed, PER_CHANNEL=per_channel,
                  CKPT_FMT=checkpoint_format, READ_FMT=read_format, **_read_consts(read_format, K))
     args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,
             epoch, slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
             *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
-    return [Launch("delta_step", _delta_step_fwd_kernel, (triton.cdiv(V, BV), HV, "n"), n, args,
-                   {**const, "FLUSH_PASS": flush_pass}, tile["num_warps"]) for flush_pass in (False, True)]
+    return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV, "n"), n, args, {**c, "BV": BV}, nw)
+            for kernel, BV, c, nw in _passes("delta", T, K, V, (_delta_decode_kernel, _delta_step_fwd_kernel),
+                                             const)]
 
 
 @torch.library.custom_op("replayssm::delta_step", mutates_args=(

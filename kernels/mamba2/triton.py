@@ -1,11 +1,13 @@
 """Mamba-2 replay step in Triton: decode (T = 1) and verify (T tokens).
 
-One program per (P-tile, head, row), no matmuls: it reads the checkpoint tile (flush rows) or
-read-copy tile (other rows) once, evaluates each token's output from it and the ring window with
+One program per (P-tile, head, row): it reads the checkpoint tile (flush rows) or read-copy
+tile (other rows) once, evaluates each token's output from it and the ring window with
 reductions, appends the tokens to the ring and, on flush rows, folds the window into the
-checkpoint with fp32 FMAs (entry by entry) and re-derives the read copy. The kernel is
-launched twice per step with ``FLUSH_PASS`` = False / True; each pass handles only its rows,
-so the non-flush variant carries no fold code. Cursors are only read.
+checkpoint in one fp32 product ``e^{lam_last} S0 + (s * x)^T B`` (``tl.dot`` in IEEE fp32, the
+window rows already in registers) and re-derives the read copy. The kernel is launched twice
+per step with ``FLUSH_PASS`` = False / True; each pass handles only its rows, so the
+non-flush variant carries no fold code, and issues its state load together with the cursor
+loads. Cursors are only read.
 Derivation: README.md beside this file; reference: reference.py.
 """
 
@@ -22,21 +24,6 @@ from replayssm.kernels.ring.triton import row_route, zero_rows
 @triton.jit
 def _softplus(x):
     return tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
-
-
-@triton.jit
-def _mamba2_entry(rx, rB, x, B, i, x_r, x_t, x_h, b_r, b_t, b_g, h, g, j, count, origin, capacity, op, pmask, on,
-                  P: tl.constexpr, N: tl.constexpr):
-    """x [BP] and B [N] of window entry j (ring for j < count, else token j - count), fp32."""
-    if j < count:
-        p = (origin + j) % capacity
-        xj = tl.load(rx + p * P + op, mask=pmask, other=0.0).to(tl.float32)
-        bj = tl.load(rB + p * N + on).to(tl.float32)
-    else:
-        t = j - count
-        xj = tl.load(x + i * x_r + t * x_t + h * x_h + op, mask=pmask, other=0.0).to(tl.float32)
-        bj = tl.load(B + i * b_r + t * b_t + g * b_g + on).to(tl.float32)
-    return xj, bj
 
 
 @triton.jit
@@ -58,30 +45,35 @@ def _mamba2_step_fwd_kernel(
     BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr, FLUSH_PASS: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
-    if not valid:
-        if not FLUSH_PASS:
-            zero_rows(out, i, o_r, o_t, o_h, h, op, pmask, T, BP)
-    elif is_flush == FLUSH_PASS:
-        origin = tl.load(origin_ptr + sl)
-        g = h // (H // G)
-        e = tl.arange(0, BM)                                   # window entry
-        on = tl.arange(0, N)
-        hist = e < count
-        new = (e >= count) & (e < count + T)
-        tok = e - count                                        # token index of new entries
-        pos = (origin + e) % capacity                          # ring entry of window entry e
-        ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
-        head = (sl * H + h) * P
-        if FLUSH_PASS or READ_FMT == READ_CHECKPOINT:
+    origin = tl.load(origin_ptr + sl)
+    g = h // (H // G)
+    on = tl.arange(0, N)
+    ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
+    head = (sl * H + h) * P
+    if not FLUSH_PASS:
+        # issued with the cursor loads, before the row is routed (a flush row's tile goes unused)
+        if READ_FMT == READ_CHECKPOINT:
             S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                    # [BP, N]
         else:
             S0 = load_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head, op, pmask,
                                 READ_FMT, BP, N, RC_CW, N // 16)
+    if not valid:
+        if not FLUSH_PASS:
+            zero_rows(out, i, o_r, o_t, o_h, h, op, pmask, T, BP)
+    elif is_flush == FLUSH_PASS:
+        e = tl.arange(0, BM)                                   # window entry
+        hist = e < count
+        new = (e >= count) & (e < count + T)
+        tok = e - count                                        # token index of new entries
+        pos = (origin + e) % capacity                          # ring entry of window entry e
+        if FLUSH_PASS:
+            S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                    # [BP, N]
 
         # per-head window scalars: dt' = softplus(dt + dt_bias), lam = cumsum(A dt')
         rdt = ring_dt + (sl * H + h) * capacity
@@ -116,16 +108,11 @@ def _mamba2_step_fwd_kernel(
             tl.store(out + i * o_r + t * o_t + h * o_h + op, y.to(out.dtype.element_ty), mask=pmask)
 
         if FLUSH_PASS:
-            # fold (decode: history and token; verify: history) with fp32 FMAs, entry by entry
+            # fold (decode: history and token; verify: history): S0 e^{lam_last} + (s * x)^T B
             n_fold = count + T if COMMITTED else count
             lam_e = tl.sum(tl.where(e == n_fold - 1, lam, 0.0), axis=0)
             s = tl.where(e < n_fold, tl.exp(tl.minimum(lam_e - lam, 0.0)) * dtp, 0.0)
-            S_new = tl.exp(lam_e) * S0
-            for j in range(0, n_fold):
-                xj, bj = _mamba2_entry(rx, rB, x, B, i, x_r, x_t, x_h, b_r, b_t, b_g, h, g, j, count, origin,
-                                       capacity, op, pmask, on, P, N)
-                sj = tl.sum(tl.where(e == j, s, 0.0), axis=0)
-                S_new += (sj * xj)[:, None] * bj[None, :]
+            S_new = tl.dot(tl.trans(xf * s[:, None]), Bf, acc=tl.exp(lam_e) * S0, input_precision="ieee")
             ep = tl.load(epoch_ptr + sl)
             index = h * (P * N) + op[:, None] * N + on[None, :]
             stored = round_checkpoint(S_new, index, sr_base, ep, CKPT_FMT)
@@ -140,3 +127,90 @@ def _mamba2_step_fwd_kernel(
             tl.store(rdt + pos, dt_w, mask=new)
             if h % (H // G) == 0:
                 tl.store(rB + pos[:, None] * N + on[None, :], B_w, mask=new[:, None])
+
+
+@triton.jit
+def _mamba2_decode_kernel(
+    ckpt, c_s, c_h, c_p, c_n,
+    rc_codes, rc_bs, rc_rs,
+    ring_x, ring_dt, ring_B,
+    count_ptr, origin_ptr, epoch_ptr,
+    slots,
+    x, x_r, x_t, x_h,
+    dt, dt_r, dt_t,
+    A, D, dt_bias,
+    B, b_r, b_t, b_g,
+    C, cc_r, cc_t, cc_g,
+    z, z_r, z_t, z_h,
+    out, o_r, o_t, o_h,
+    window, capacity, sr_base,
+    T: tl.constexpr, H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+    BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr, FLUSH_PASS: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
+    NC: tl.constexpr, STAGES: tl.constexpr,
+):
+    """Non-flush decode rows (T = 1), arguments as ``_mamba2_step_fwd_kernel``: the state (or read
+    copy) is streamed in ``NC``-column chunks through a ``STAGES``-deep pipeline, with the ring's
+    B rows of the same columns; flush rows are left to the flush pass."""
+    pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    op = pid_p * BP + tl.arange(0, BP)
+    pmask = op < P
+    valid, sl, count, is_flush = row_route(slots, i, count_ptr, 1, window)
+    origin = tl.load(origin_ptr + sl)
+    active = valid & (count + 1 < window)                  # rows this pass owns; flush rows: flush pass
+    g = h // (H // G)
+    e = tl.arange(0, BM)
+    hist = e < count
+    pos = (origin + e) % capacity
+    tok = (origin + count) % capacity                      # ring entry this token is appended at
+    head = (sl * H + h) * P
+    rB = ring_B + ((sl * G + g) * capacity) * N
+    rx = ring_x + ((sl * H + h) * capacity) * P
+    append_B = active & (pid_p == 0) & (h % (H // G) == 0)
+    # window dt and x rows, issued before the state stream
+    rdt = ring_dt + (sl * H + h) * capacity
+    dt_tok = tl.load(dt + i * dt_r + h).to(tl.float32)
+    if HAS_DT_BIAS:
+        dt_tok += tl.load(dt_bias + h)
+    dt_w = tl.where(hist, tl.load(rdt + pos, mask=hist, other=0.0), tl.where(e == count, dt_tok, 0.0))
+    x_raw = tl.load(x + i * x_r + h * x_h + op, mask=pmask, other=0.0)
+    xt = x_raw.to(tl.float32)
+    xh = tl.load(rx + pos[:, None] * P + op[None, :], mask=hist[:, None] & pmask[None, :], other=0.0)
+    sc = tl.zeros([BP], dtype=tl.float32)                  # S0 C
+    bc = tl.zeros([BM], dtype=tl.float32)                  # B_e . C for the history
+    bc_tok = tl.zeros([1], dtype=tl.float32)               # B . C of this token
+    for c in tl.range(0, N // NC, num_stages=STAGES):
+        on = c * NC + tl.arange(0, NC)
+        if READ_FMT == READ_CHECKPOINT:
+            S0 = tl.load(ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n,
+                         mask=pmask[:, None], other=0.0).to(tl.float32)                    # [BP, NC]
+        else:
+            S0 = load_read_copy(rc_codes + head * RC_CW + c * (RC_CW // (N // NC)),
+                                rc_bs + head * (N // 16) + c * (NC // 16), rc_rs + head, op, pmask,
+                                READ_FMT, BP, NC, RC_CW, N // 16)
+        cc = tl.load(C + i * cc_r + g * cc_g + on).to(tl.float32)                           # [NC]
+        b_raw = tl.load(B + i * b_r + g * b_g + on)
+        Bh = tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
+        sc += tl.sum(S0 * cc[None, :], axis=1)
+        bc += tl.sum(Bh * cc[None, :], axis=1)
+        bc_tok += tl.sum(b_raw.to(tl.float32) * cc, axis=0)
+        tl.store(rB + tok * N + on, b_raw, mask=(on < N) & append_B)
+
+    # window scalars: dt' = softplus(dt + dt_bias), lam = cumsum(A dt') over history + token
+    dtp = tl.where(e <= count, _softplus(dt_w), 0.0)
+    lam = tl.cumsum(tl.load(A + h) * dtp, axis=0)                                          # [BM]
+    lam_t = tl.sum(tl.where(e == count, lam, 0.0), axis=0)
+    bc = tl.where(e == count, tl.sum(bc_tok, axis=0), bc)
+    w = tl.where(e <= count, tl.exp(tl.minimum(lam_t - lam, 0.0)) * dtp * bc, 0.0)
+    y = (tl.exp(lam_t) * sc + tl.sum(xh.to(tl.float32) * w[:, None], axis=0)
+         + tl.sum(tl.where(e == count, w, 0.0), axis=0) * xt)                               # [BP]
+    if HAS_D:
+        y += tl.load(D + h) * xt
+    if HAS_Z:
+        zz = tl.load(z + i * z_r + h * z_h + op, mask=pmask, other=0.0).to(tl.float32)
+        y = y * zz * tl.sigmoid(zz)
+    tl.store(out + i * o_r + h * o_h + op, tl.where(valid, y, 0.0).to(out.dtype.element_ty),
+             mask=pmask & (active | ~valid))
+    tl.store(rx + tok * P + op, x_raw, mask=pmask & active)
+    tl.store(rdt + tok, dt_tok, mask=active & (pid_p == 0))
