@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from replayssm.kernels import ops
 from replayssm.ring import RING_VERSION
 
 
@@ -22,11 +23,12 @@ def test_ptx_and_manifest(tmp_path, arch):
     m = _aot(tmp_path, "--arch", arch, "--models", "kimi-linear", "--tokens", "1", "--read-formats", "fp8")
     assert m["ring_contract_version"] == RING_VERSION and m["arch"] == arch
     assert [k["flush_pass"] for k in m["kernels"]] == [False, True]
-    for k in m["kernels"]:
+    warps = [ops.TILES["delta"]["decode"]["num_warps"], ops.TILES["delta"]["flush"]["num_warps"]]
+    for k, nw in zip(m["kernels"], warps):
         ptx = (tmp_path / k["file"]).read_text()
         assert f".entry {k['name']}(" in ptx
         assert f".target {arch}" in ptx
-        assert k["grid"][2] == "n" and k["block"] == [128, 1, 1]
+        assert k["grid"][2] == "n" and k["block"] == [32 * nw, 1, 1]
         names = [a["name"] for a in k["args"]]
         assert names[:2] == ["ckpt", "c_s"] and "sr_base" in names and "slots" in names
         # one PTX parameter per non-constexpr argument, in the manifest's order
