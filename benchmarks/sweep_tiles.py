@@ -17,16 +17,16 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_decode import WINDOW, Layer, bytes_ring_entry, bytes_state, timed  # noqa: E402
+from bench_decode import Layer, bytes_ring_entry, bytes_state, timed  # noqa: E402
 from floors import read_floor  # noqa: E402
 from replayssm.kernels import ops  # noqa: E402
-from shapes import MODEL_SPECS  # noqa: E402
+from shapes import MODEL_SPECS, WINDOW  # noqa: E402
 
 DECODE = {
     "mamba2": [(64, 2, 32, 3), (32, 1, 32, 3), (64, 2, 16, 4), (64, 1, 32, 3)],
     "delta": [(64, 1, 32, 3), (64, 2, 32, 3), (64, 1, 16, 4), (128, 2, 32, 3)],
 }
-FLUSH = {"mamba2": [(32, 4, 2), (16, 2, 2)], "delta": [(32, 2, 2), (32, 2, 1)]}
+FLUSH = {"mamba2": [(32, 4, None), (16, 2, None)], "delta": [(32, 2, 2), (32, 2, 1)]}
 
 
 def _time(spec, batch, fill, read_format="checkpoint"):
@@ -64,14 +64,14 @@ def sweep(name, batch, formats):
     print(f"{'rows':>4} {'warps':>5} {'stages':>6} {'flush us':>9} {'max |dy|':>9}")
     first = None
     for rows, nw, stages in FLUSH[fam]:
-        ops.TILES[fam]["flush"] = dict(rows=rows, num_warps=nw, stages=stages)
+        ops.TILES[fam]["flush"] = dict(rows=rows, num_warps=nw, **({} if stages is None else dict(stages=stages)))
         try:
             t, y = _time(spec, batch, WINDOW - 1)
             diff = 0.0 if first is None else (y - first).abs().max().item()
             first = y if first is None else first
-            print(f"{rows:>4} {nw:>5} {stages:>6} {t:>9.1f} {diff:>9.2e}", flush=True)
+            print(f"{rows:>4} {nw:>5} {stages or '-':>6} {t:>9.1f} {diff:>9.2e}", flush=True)
         except Exception as e:
-            print(f"{rows:>4} {nw:>5} {stages:>6} failed: {e!r}", flush=True)
+            print(f"{rows:>4} {nw:>5} {stages or '-':>6} failed: {e!r}", flush=True)
         torch.cuda.empty_cache()
     ops.TILES[fam].update(saved)
 

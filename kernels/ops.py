@@ -35,11 +35,11 @@ _compiled: set = set()
 # Hand-picked tiles (no autotuning: these kernels mutate state), chosen with
 # benchmarks/sweep_tiles.py on an H200 at real dims (N = K = 128). rows: P (Mamba-2) or V
 # (delta) per program; decode streams the state in `chunk`-column pieces through a `stages`-deep
-# pipeline; flush is the decode flush pass (`stages`: its replay loop's pipeline depth, delta);
+# pipeline; flush is the decode flush pass (delta `stages`: its replay loop's pipeline depth);
 # verify is used for both passes of T > 1.
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3),
-               "flush": dict(rows=32, num_warps=4, stages=2), "verify": dict(rows=16, num_warps=8, stages=2)},
+               "flush": dict(rows=32, num_warps=4), "verify": dict(rows=16, num_warps=8)},
     "delta": {"decode": dict(rows=64, num_warps=1, chunk=32, stages=3),
               "flush": dict(rows=32, num_warps=2, stages=2), "verify": dict(rows=32, num_warps=8, stages=2)},
 }
@@ -49,15 +49,14 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     """(kernel, rows per program, constexprs, warps) of the non-flush and flush passes."""
     tiles = TILES[family]
     if T > 1:
-        ver = tiles["verify"]
-        plan = [(kernels[1], ver, dict(STAGES=ver["stages"]))] * 2
+        plan = [(kernels[1], tiles["verify"])] * 2
     else:
         dec = tiles["decode"]
-        plan = [(kernels[0], dec, dict(NC=min(dec["chunk"], cols), STAGES=dec["stages"])),
-                (kernels[1], tiles["flush"], dict(STAGES=tiles["flush"]["stages"]))]
+        plan = [(kernels[0], dict(dec, NC=min(dec["chunk"], cols))), (kernels[1], tiles["flush"])]
     out = []
-    for (kernel, tile, extra), flush_pass in zip(plan, (False, True)):
+    for (kernel, tile), flush_pass in zip(plan, (False, True)):
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
+        extra = {k: v for k, v in (("NC", tile.get("NC")), ("STAGES", tile.get("stages"))) if v is not None}
         out.append((kernel, block, {**const, **extra, "FLUSH_PASS": flush_pass}, tile["num_warps"]))
     return out
 

@@ -216,7 +216,7 @@ def _delta_decode_kernel(
     vmask = ov < V
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, 1, window)
     origin = tl.load(origin_ptr + sl)
-    active = valid & (count + 1 < window)                  # rows this pass owns; flush rows: flush pass
+    active = valid & ~is_flush                             # rows this pass owns; flush rows: flush pass
     e = tl.arange(0, BM)
     hist = e < count
     pos = (origin + e) % capacity

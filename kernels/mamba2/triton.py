@@ -45,7 +45,6 @@ def _mamba2_step_fwd_kernel(
     BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr, FLUSH_PASS: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
-    STAGES: tl.constexpr,
 ):
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
@@ -158,7 +157,7 @@ def _mamba2_decode_kernel(
     pmask = op < P
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, 1, window)
     origin = tl.load(origin_ptr + sl)
-    active = valid & (count + 1 < window)                  # rows this pass owns; flush rows: flush pass
+    active = valid & ~is_flush                             # rows this pass owns; flush rows: flush pass
     g = h // (H // G)
     e = tl.arange(0, BM)
     hist = e < count
