@@ -1,11 +1,16 @@
-"""Tile sweep for the decode step: candidate ``ops.TILES`` entries timed at one batch.
+"""Tile sweep: candidate ``ops.TILES`` entries timed at one batch, one table per tile kind.
 
     python benchmarks/sweep_tiles.py [--batch 256] [--models nemotron-h,qwen3.5,kimi-linear]
+                                     [--kinds decode,read,verify,flush]
 
-Prints, per model: for each decode candidate (rows, warps, chunk, stages) the non-flush step
-(w = 7) with the fp32 checkpoint and with each --formats read copy; for each flush candidate
-(rows, warps) the flush step; and the largest output difference from the first candidate (the
-candidates must agree). The chosen entries go into ``ops.TILES`` by hand.
+Per model and kind, each candidate's step time, and the largest output difference from the first
+candidate (the candidates must agree):
+- decode: the non-flush step (w = 7), fp32 checkpoint and fp8 read copy;
+- read: the same with an NVFP4 read copy;
+- verify: a T = 8 verify without flush (w = 16 - 1 - 8), ring sized for 8 tokens;
+- flush: the flush step.
+Decode, read and flush size the ring for decode only (no draft tokens), as bench_decode does.
+The chosen entries go into ``ops.TILES`` by hand.
 """
 
 from __future__ import annotations
@@ -17,74 +22,80 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_decode import Layer, bytes_ring_entry, bytes_state, timed  # noqa: E402
-from floors import read_floor  # noqa: E402
+from bench_decode import Layer, timed  # noqa: E402
 from replayssm.kernels import ops  # noqa: E402
 from shapes import MODEL_SPECS, WINDOW  # noqa: E402
 
-DECODE = {
-    "mamba2": [(64, 2, 32, 3), (32, 1, 32, 3), (64, 2, 16, 4), (64, 1, 32, 3)],
-    "delta": [(64, 1, 32, 3), (64, 2, 32, 3), (64, 1, 16, 4), (128, 2, 32, 3)],
+VERIFY_T = 8
+CANDIDATES = {
+    "mamba2": {
+        "decode": [dict(rows=64, num_warps=2, chunk=32, stages=3), dict(rows=32, num_warps=1, chunk=32, stages=3)],
+        "read": [dict(rows=64, num_warps=2, chunk=32, stages=3), dict(rows=64, num_warps=2, chunk=64, stages=2),
+                 dict(rows=64, num_warps=4, chunk=128, stages=1), dict(rows=32, num_warps=1, chunk=64, stages=3)],
+        "verify": [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
+                   dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
+                   dict(rows=64, num_warps=4, chunk=64, stages=2, dot="tf32x3"),
+                   dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
+        "flush": [dict(rows=32, num_warps=4), dict(rows=16, num_warps=2)],
+    },
+    "delta": {
+        "decode": [dict(rows=64, num_warps=1, chunk=32, stages=3), dict(rows=64, num_warps=2, chunk=32, stages=3)],
+        "read": [dict(rows=64, num_warps=1, chunk=32, stages=3), dict(rows=64, num_warps=2, chunk=64, stages=2),
+                 dict(rows=64, num_warps=4, chunk=128, stages=1), dict(rows=128, num_warps=2, chunk=64, stages=2)],
+        "verify": [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
+                   dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
+                   dict(rows=128, num_warps=8, chunk=32, stages=2, dot="tf32x3"),
+                   dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
+        "flush": [dict(rows=32, num_warps=2, stages=2), dict(rows=32, num_warps=4, stages=2)],
+    },
 }
-FLUSH = {"mamba2": [(32, 4, None), (16, 2, None)], "delta": [(32, 2, 2), (32, 2, 1)]}
+# kind -> (read formats, tokens, fill)
+SETUPS = {"decode": (["checkpoint", "fp8"], 1, 7), "read": (["nvfp4"], 1, 7),
+          "verify": (["checkpoint", "nvfp4"], VERIFY_T, WINDOW - 1 - VERIFY_T), "flush": (["checkpoint"], 1, WINDOW - 1)}
 
 
-def _time(spec, batch, fill, read_format="checkpoint"):
-    layer = Layer(spec, batch, read_format=read_format)
-    fn, out = layer.step_fn(layer.inputs(1))
+def _time(spec, batch, read_format, T, fill):
+    layer = Layer(spec, batch, read_format=read_format, max_draft_tokens=VERIFY_T - 1 if T > 1 else 0)
+    fn, out = layer.step_fn(layer.inputs(T), committed=T == 1)
     layer.set_fill(fill)
     t = timed(fn)
+    layer.set_fill(fill)
     fn()
     return t, out.float()
 
 
-def sweep(name, batch, formats):
+def sweep(name, batch, kinds):
     spec = MODEL_SPECS[name]
     fam = "mamba2" if spec.family == "mamba2" else "delta"
-    saved = {k: dict(v) for k, v in ops.TILES[fam].items()}
-    S, ring = bytes_state(spec), bytes_ring_entry(spec)
-    floor = timed(read_floor(torch.empty(int(batch * S) // 4, device="cuda")))
-    print(f"\n{name} batch {batch}: read floor over the state {floor:.1f} us (tiles now {saved})")
-    print(f"{'rows':>4} {'warps':>5} {'chunk':>5} {'stages':>6} {'non-flush us':>12} {'GB/s':>7} "
-          + " ".join(f"{f + ' us':>9}" for f in formats) + f" {'max |dy|':>9}")
-    first = None
-    for rows, nw, chunk, stages in DECODE[fam]:
-        ops.TILES[fam]["decode"] = dict(rows=rows, num_warps=nw, chunk=chunk, stages=stages)
-        try:
-            t, y = _time(spec, batch, 7)
-            diff = 0.0 if first is None else (y - first).abs().max().item()
-            first = y if first is None else first
-            fmt_t = [_time(spec, batch, 7, rf)[0] for rf in formats]
-            print(f"{rows:>4} {nw:>5} {chunk:>5} {stages:>6} {t:>12.1f} {batch * (S + 8 * ring) / t / 1e3:>7.0f} "
-                  + " ".join(f"{x:>9.1f}" for x in fmt_t) + f" {diff:>9.2e}", flush=True)
-        except Exception as e:  # a candidate that does not compile is reported, not fatal
-            print(f"{rows:>4} {nw:>5} {chunk:>5} {stages:>6} failed: {e!r}", flush=True)
-        torch.cuda.empty_cache()
-    ops.TILES[fam]["decode"] = saved["decode"]
-    print(f"{'rows':>4} {'warps':>5} {'stages':>6} {'flush us':>9} {'max |dy|':>9}")
-    first = None
-    for rows, nw, stages in FLUSH[fam]:
-        ops.TILES[fam]["flush"] = dict(rows=rows, num_warps=nw, **({} if stages is None else dict(stages=stages)))
-        try:
-            t, y = _time(spec, batch, WINDOW - 1)
-            diff = 0.0 if first is None else (y - first).abs().max().item()
-            first = y if first is None else first
-            print(f"{rows:>4} {nw:>5} {stages or '-':>6} {t:>9.1f} {diff:>9.2e}", flush=True)
-        except Exception as e:
-            print(f"{rows:>4} {nw:>5} {stages or '-':>6} failed: {e!r}", flush=True)
-        torch.cuda.empty_cache()
-    ops.TILES[fam].update(saved)
+    table = ops.TILES["kda" if spec.family == "kda" else fam]   # KDA's entries override delta's
+    saved = {k: dict(v) for k, v in table.items()}
+    print(f"\n{name} batch {batch} (tiles now {saved})")
+    for kind in kinds:
+        formats, T, fill = SETUPS[kind]
+        print(f"{kind:>7}: " + " ".join(f"{f + ' us':>14}" for f in formats) + f" {'max |dy|':>9}  tile")
+        first = None
+        for tile in CANDIDATES[fam][kind]:
+            table[kind] = tile
+            try:
+                times, ys = zip(*(_time(spec, batch, f, T, fill) for f in formats))
+                diff = 0.0 if first is None else max((y - f).abs().max().item() for y, f in zip(ys, first))
+                first = ys if first is None else first
+                print(" " * 9 + " ".join(f"{t:>14.1f}" for t in times) + f" {diff:>9.2e}  {tile}", flush=True)
+            except Exception as e:  # a candidate that does not compile is reported, not fatal
+                print(" " * 9 + f"failed: {e!r}  {tile}", flush=True)
+            torch.cuda.empty_cache()
+        table.pop(kind)
+        table.update({k: v for k, v in saved.items() if k == kind})
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--models", default="nemotron-h,qwen3.5,kimi-linear")
-    ap.add_argument("--formats", default="nvfp4")
+    ap.add_argument("--kinds", default="decode,read,verify,flush")
     args = ap.parse_args()
-    formats = [f for f in args.formats.split(",") if f]
     for name in args.models.split(","):
-        sweep(name, args.batch, formats)
+        sweep(name, args.batch, args.kinds.split(","))
 
 
 if __name__ == "__main__":

@@ -24,48 +24,71 @@ import torch
 import triton
 
 from replayssm.formats import mix32
-from replayssm.kernels.delta.triton import _delta_decode_kernel, _delta_step_fwd_kernel
+from replayssm.kernels.delta.triton import _delta_decode_kernel, _delta_flush_kernel, _delta_verify_kernel
 from replayssm.kernels.formats.triton import _store_checkpoint_kernel
-from replayssm.kernels.mamba2.triton import _mamba2_decode_kernel, _mamba2_step_fwd_kernel
+from replayssm.kernels.mamba2.triton import _mamba2_decode_kernel, _mamba2_flush_kernel, _mamba2_verify_kernel
 from replayssm.kernels.ring import triton as ring_triton
 
 log = logging.getLogger("replayssm")
 _compiled: set = set()
 
 # Hand-picked tiles (no autotuning: these kernels mutate state), chosen with
-# benchmarks/sweep_tiles.py on an H200 at real dims (N = K = 128). rows: P (Mamba-2) or V
-# (delta) per program; decode streams the state in `chunk`-column pieces through a `stages`-deep
-# pipeline; flush is the decode flush pass (delta `stages`: its replay loop's pipeline depth);
-# verify is used for both passes of T > 1.
+# benchmarks/sweep_tiles.py on an H200 at real dims (N = K = 128); "kda" entries override "delta".
+# rows: P (Mamba-2) or V (delta) per program; decode streams the state (or fp8 read copy) in
+# `chunk`-column pieces through a `stages`-deep pipeline (`read`: the same for NVFP4); flush is the decode flush pass
+# (delta `stages`: its replay loop's pipeline depth); verify streams the state once for T > 1
+# tokens (chunk raised to 16 words for tl.dot; smaller states pad with zero words; `dot`: the
+# products' precision); verify_flush is its flush pass.
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3),
-               "flush": dict(rows=32, num_warps=4), "verify": dict(rows=16, num_warps=8)},
+               "read": dict(rows=64, num_warps=2, chunk=64, stages=2),
+               "flush": dict(rows=32, num_warps=4),
+               "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+               "verify_flush": dict(rows=16, num_warps=8)},
     "delta": {"decode": dict(rows=64, num_warps=1, chunk=32, stages=3),
-              "flush": dict(rows=32, num_warps=2, stages=2), "verify": dict(rows=32, num_warps=8, stages=2)},
+              "read": dict(rows=64, num_warps=1, chunk=32, stages=3),
+              "flush": dict(rows=32, num_warps=2, stages=2),
+              "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+              "verify_flush": dict(rows=32, num_warps=8, stages=2)},
+    "kda": {"read": dict(rows=128, num_warps=2, chunk=64, stages=2),
+            "verify": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }
+# codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
+# codes; the checkpoint and fp8 (bytes, decoded in place) move one value per element
+_PER_WORD = {0: 1, 1: 1, 2: 8}
+# the verify kernel reads fp8 as words of 4 codes too (its tl.dot tiles take 16 words)
+_PER_WORD_VERIFY = {0: 1, 1: 4, 2: 8}
 
 
 def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dict) -> list[tuple]:
-    """(kernel, rows per program, constexprs, warps) of the non-flush and flush passes."""
-    tiles = TILES[family]
+    """(kernel, rows per program, constexprs, warps, is the flush pass) of the two passes of a step.
+
+    ``kernels``: (decode, verify, flush) Triton functions of the family."""
+    tiles = {**TILES["delta"], **TILES["kda"]} if family == "kda" else TILES[family]
     if T > 1:
-        plan = [(kernels[1], tiles["verify"])] * 2
+        pw = _PER_WORD_VERIFY[const["READ_FMT"]]
+        ver = tiles["verify"]
+        nc = min(cols, max(ver["chunk"], 16 * pw))
+        stream = dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=max(16, triton.next_power_of_2(T)))
+        plan = [(kernels[1], stream), (kernels[2], tiles["verify_flush"])]
     else:
-        dec = tiles["decode"]
-        plan = [(kernels[0], dict(dec, NC=min(dec["chunk"], cols))), (kernels[1], tiles["flush"])]
+        pw = _PER_WORD[const["READ_FMT"]]
+        dec = tiles["decode" if pw == 1 else "read"]
+        plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw)), (kernels[2], tiles["flush"])]
     out = []
     for (kernel, tile), flush_pass in zip(plan, (False, True)):
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
-        extra = {k: v for k, v in (("NC", tile.get("NC")), ("STAGES", tile.get("stages"))) if v is not None}
-        out.append((kernel, block, {**const, **extra, "FLUSH_PASS": flush_pass}, tile["num_warps"]))
+        extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
+                                         ("STAGES", "stages"), ("DOT", "dot")) if t in tile}
+        out.append((kernel, block, {**const, **extra}, tile["num_warps"], flush_pass))
     return out
 
 
 @dataclass
 class Launch:
     """One kernel launch: the Triton function, its grid (``"n"`` = rows), arguments in kernel order
-    (without constexprs), constexprs and warps. The torch ops run it; the TensorRT AOT path
-    compiles the same function with the same arguments."""
+    (without constexprs), constexprs, warps, and whether it is the step's flush pass. The torch
+    ops run it; the TensorRT AOT path compiles the same function with the same arguments."""
 
     op: str
     kernel: object
@@ -74,6 +97,7 @@ class Launch:
     args: list
     constexprs: dict
     num_warps: int
+    flush_pass: bool
 
 
 def launch(plan: list[Launch]) -> None:
@@ -161,8 +185,9 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
             x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A,
             dt_bias if dt_bias is not None else A, B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3],
             out, *out.stride()[:3], window, C_cap, sr_base]
-    return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), H, "n"), n, args, {**c, "BP": BP}, nw)
-            for kernel, BP, c, nw in _passes("mamba2", T, N, P, (_mamba2_decode_kernel, _mamba2_step_fwd_kernel),
+    return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), H, "n"), n, args, {**c, "BP": BP}, nw, fp)
+            for kernel, BP, c, nw, fp in _passes("mamba2", T, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
+                                             _mamba2_flush_kernel),
                                              const)]
 
 
@@ -236,8 +261,9 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,
             epoch, slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
             *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
-    return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV, "n"), n, args, {**c, "BV": BV}, nw)
-            for kernel, BV, c, nw in _passes("delta", T, K, V, (_delta_decode_kernel, _delta_step_fwd_kernel),
+    return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV, "n"), n, args, {**c, "BV": BV}, nw, fp)
+            for kernel, BV, c, nw, fp in _passes("kda" if per_channel else "delta", T, K, V,
+                                                 (_delta_decode_kernel, _delta_verify_kernel, _delta_flush_kernel),
                                              const)]
 
 

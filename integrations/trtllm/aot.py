@@ -121,14 +121,14 @@ def compile_all(out: str, arch: str, models, tokens, read_formats, checkpoint_dt
                     src = ASTSource(fn=lc.kernel, signature=sig, constexprs=consts)
                     compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=dict(num_warps=lc.num_warps))
                     name = compiled.metadata.name
-                    tag = f"{model}.T{T}.{rf}.{'flush' if lc.constexprs['FLUSH_PASS'] else 'step'}"
+                    tag = f"{model}.T{T}.{rf}.{'flush' if lc.flush_pass else 'step'}"
                     fname = f"{tag}.ptx"
                     with open(os.path.join(out, fname), "w") as f:
                         f.write(compiled.asm["ptx"])
                     entries.append(dict(
                         name=name, file=fname, op=lc.op, model=model, tokens=T, read_format=rf,
                         checkpoint_dtype=checkpoint_dtype, window=window,
-                        flush_pass=bool(lc.constexprs["FLUSH_PASS"]),
+                        flush_pass=bool(lc.flush_pass),
                         args=[dict(name=k, type=v) for k, v in sig.items() if v != "constexpr"],
                         constexprs={k: (v if isinstance(v, (int, float, bool, str)) else str(v))
                                     for k, v in lc.constexprs.items()},

@@ -1,15 +1,16 @@
 """Gated DeltaNet / KDA replay step in Triton: decode (T = 1) and verify (T tokens).
 
-One program per (V-tile, value head, row) holding ``S [K, BV]`` in registers.
-- Non-flush rows read the read copy (or checkpoint) and evaluate each token in output-only form:
+A step is two launches, one program per (V-tile, value head, row) each, every launch handling
+only its rows:
+- the non-flush pass (``_delta_decode_kernel`` for T = 1, ``_delta_verify_kernel`` for T > 1)
+  streams the read copy (or checkpoint) once and evaluates the tokens in output-only form:
   ``u_t = S0ᵀ(e^{Γ_t} ⊙ k_t) + Σ_{j<t} c_tj d_j``, ``d_t = β_t (v_t - u_t)``,
   ``o_t = scale [S0ᵀ(e^{Γ_t} ⊙ q_t) + Σ_{j<=t} ĉ_tj d_j]`` with the d of earlier entries taken from
   the ring's d cache. The new d is cached for later steps' outputs; the state is not written.
-  Their state load is issued together with the cursor loads.
-- Flush rows replay the committed window step by step from the exact checkpoint using the raw
-  inputs (k, v, g, beta; loads pipelined across entries), store the folded checkpoint and its
-  read copy, then evaluate this step's tokens from it. The cached d never reaches the checkpoint.
-Launched twice per step (``FLUSH_PASS`` False / True), each pass handling only its rows.
+- the flush pass (``_delta_flush_kernel``) replays the committed window step by step from the
+  exact checkpoint using the raw inputs (k, v, g, beta; loads pipelined across entries), stores
+  the folded checkpoint and its read copy, then evaluates a verify's tokens from it. The cached
+  d never reaches the checkpoint.
 Cursors are only read. Derivation: README.md beside this file; reference: reference.py.
 """
 
@@ -18,13 +19,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, round_checkpoint,
-                                              store_read_copy)
-from replayssm.kernels.ring.triton import row_route, zero_rows
+from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, load_read_words,
+                                              round_checkpoint, store_read_copy, word_values)
+from replayssm.kernels.ring.triton import row_route
 
 
 @triton.jit
-def _delta_step_fwd_kernel(
+def _delta_flush_kernel(
     ckpt, c_s, c_h, c_k, c_v,                  # [S, HV, K, V] checkpoint (any strides)
     rc_codes, rc_bs, rc_rs,                    # read copy, contiguous [S, HV, V, ...]
     ring_k, ring_v, ring_g, ring_beta, ring_d,  # contiguous [S, HK, C, K], [S, HV, C, V], [S, HV, C(, K)],
@@ -39,29 +40,20 @@ def _delta_step_fwd_kernel(
     out, o_r, o_t, o_h,                        # [n, T, HV, V]
     scale, window, capacity, sr_base,
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr, FLUSH_PASS: tl.constexpr,
+    BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr,
 ):
+    """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass."""
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
-    origin = tl.load(origin_ptr + sl)
-    ok = tl.arange(0, K)
-    ck = ckpt + sl * c_s + h * c_h + ok[:, None] * c_k + ov[None, :] * c_v
-    head = (sl * HV + h) * V
-    if not FLUSH_PASS:
-        # issued with the cursor loads, before the row is routed (a flush row's tile goes unused)
-        if READ_FMT == READ_CHECKPOINT:
-            S0 = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)                   # [K, BV]
-        else:
-            S0 = tl.trans(load_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head,
-                                         ov, vmask, READ_FMT, BV, K, RC_CW, K // 16))
-    if not valid:
-        if not FLUSH_PASS:
-            zero_rows(out, i, o_r, o_t, o_h, h, ov, vmask, T, BV)
-    elif is_flush == FLUSH_PASS:
+    if valid & is_flush:
+        origin = tl.load(origin_ptr + sl)
+        ok = tl.arange(0, K)
+        ck = ckpt + sl * c_s + h * c_h + ok[:, None] * c_k + ov[None, :] * c_v
+        head = (sl * HV + h) * V
         e = tl.arange(0, BM)
         hk = h // (HV // HK)
         rk = ring_k + ((sl * HK + hk) * capacity) * K
@@ -73,103 +65,86 @@ def _delta_step_fwd_kernel(
         else:
             rg = ring_g + (sl * HV + h) * capacity
 
-        if FLUSH_PASS:
-            # exact fold: replay the committed entries step by step on the fp32 checkpoint tile; each
-            # entry's raw inputs come from the ring (j < count) or this step's tokens, loaded branch-free
-            # so that the next entries' loads are in flight during this entry's update
-            S = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)                       # [K, BV]
-            n_fold = count + T if COMMITTED else count
-            dj = tl.zeros([BV], dtype=tl.float32)
-            for j in tl.range(0, n_fold, num_stages=STAGES):
-                p = (origin + j) % capacity
-                rj = j < count
-                t = tl.maximum(j - count, 0)
-                kj = (tl.load(rk + p * K + ok, mask=(ok < K) & rj, other=0.0).to(tl.float32)
-                      + tl.load(k + i * k_r + t * k_t + hk * k_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
-                vj = (tl.load(rv + p * V + ov, mask=vmask & rj, other=0.0).to(tl.float32)
-                      + tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask & ~rj, other=0.0).to(tl.float32))
-                bj = (tl.load(rbeta + p, mask=rj, other=0.0)
-                      + tl.load(beta + i * be_r + t * be_t + h, mask=~rj, other=0.0).to(tl.float32))
-                if PER_CHANNEL:
-                    gj = (tl.load(rg + p * K + ok, mask=(ok < K) & rj, other=0.0)
-                          + tl.load(g + i * g_r + t * g_t + h * g_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
-                    S = S * tl.exp(gj)[:, None]
-                else:
-                    gj = (tl.load(rg + p, mask=rj, other=0.0)
-                          + tl.load(g + i * g_r + t * g_t + h, mask=~rj, other=0.0).to(tl.float32))
-                    S = S * tl.exp(gj)
-                dj = bj * (vj - tl.sum(S * kj[:, None], axis=0))
-                S += kj[:, None] * dj[None, :]
-            if COMMITTED:
-                qj = tl.load(q + i * q_r + hk * q_h + ok).to(tl.float32)
-                o = scale * tl.sum(S * qj[:, None], axis=0)
-                tl.store(out + i * o_r + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
-                tl.store(rd + ((origin + n_fold - 1) % capacity) * V + ov, dj, mask=vmask)
-            ep = tl.load(epoch_ptr + sl)
-            index = h * (K * V) + ok[:, None] * V + ov[None, :]
-            stored = round_checkpoint(S, index, sr_base, ep, CKPT_FMT)
-            tl.store(ck, stored, mask=vmask[None, :])
-            if READ_FMT != READ_CHECKPOINT:
-                store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head,
-                                tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, RC_EMAX, BV, K, RC_CW)
-        if (not FLUSH_PASS) or (not COMMITTED):
-            # output-only evaluation of this step's tokens from S0 (+ the history's cached d)
-            if FLUSH_PASS:
-                S0 = S                         # the state after the committed history (exact)
-                n_hist = 0                     # entries after it are this step's tokens only
-                base = count
-            else:
-                n_hist = count
-                base = 0
-            # window entries relative to S0: e < n_hist from the ring, then the T tokens
-            n_win = n_hist + T
-            wmask = e < n_win
-            epos = (origin + base + e) % capacity
-            from_ring = e < n_hist
-            tk = e - n_hist
-            k_w = (tl.load(rk + epos[:, None] * K + ok[None, :], mask=from_ring[:, None], other=0.0)
-                   + tl.load(k + i * k_r + tk[:, None] * k_t + hk * k_h + ok[None, :],
-                             mask=(~from_ring & wmask)[:, None], other=0.0)).to(tl.float32)      # [BM, K]
-            d_w = tl.load(rd + epos[:, None] * V + ov[None, :], mask=from_ring[:, None] & vmask[None, :],
-                          other=0.0)                                                              # [BM, BV]
+        # exact fold: replay the committed entries step by step on the fp32 checkpoint tile; each
+        # entry's raw inputs come from the ring (j < count) or this step's tokens, loaded branch-free
+        # so that the next entries' loads are in flight during this entry's update
+        S = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)                       # [K, BV]
+        n_fold = count + T if COMMITTED else count
+        dj = tl.zeros([BV], dtype=tl.float32)
+        for j in tl.range(0, n_fold, num_stages=STAGES):
+            p = (origin + j) % capacity
+            rj = j < count
+            t = tl.maximum(j - count, 0)
+            kj = (tl.load(rk + p * K + ok, mask=(ok < K) & rj, other=0.0).to(tl.float32)
+                  + tl.load(k + i * k_r + t * k_t + hk * k_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
+            vj = (tl.load(rv + p * V + ov, mask=vmask & rj, other=0.0).to(tl.float32)
+                  + tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask & ~rj, other=0.0).to(tl.float32))
+            bj = (tl.load(rbeta + p, mask=rj, other=0.0)
+                  + tl.load(beta + i * be_r + t * be_t + h, mask=~rj, other=0.0).to(tl.float32))
             if PER_CHANNEL:
-                g_w = (tl.load(rg + epos[:, None] * K + ok[None, :], mask=from_ring[:, None], other=0.0)
-                       + tl.load(g + i * g_r + tk[:, None] * g_t + h * g_h + ok[None, :],
-                                 mask=(~from_ring & wmask)[:, None], other=0.0).to(tl.float32))
+                gj = (tl.load(rg + p * K + ok, mask=(ok < K) & rj, other=0.0)
+                      + tl.load(g + i * g_r + t * g_t + h * g_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
+                S = S * tl.exp(gj)[:, None]
             else:
-                g_w = (tl.load(rg + epos, mask=from_ring, other=0.0)
-                       + tl.load(g + i * g_r + tk * g_t + h, mask=~from_ring & wmask, other=0.0).to(tl.float32))
+                gj = (tl.load(rg + p, mask=rj, other=0.0)
+                      + tl.load(g + i * g_r + t * g_t + h, mask=~rj, other=0.0).to(tl.float32))
+                S = S * tl.exp(gj)
+            dj = bj * (vj - tl.sum(S * kj[:, None], axis=0))
+            S += kj[:, None] * dj[None, :]
+        if COMMITTED:
+            qj = tl.load(q + i * q_r + hk * q_h + ok).to(tl.float32)
+            o = scale * tl.sum(S * qj[:, None], axis=0)
+            tl.store(out + i * o_r + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
+            tl.store(rd + ((origin + n_fold - 1) % capacity) * V + ov, dj, mask=vmask)
+        ep = tl.load(epoch_ptr + sl)
+        index = h * (K * V) + ok[:, None] * V + ov[None, :]
+        stored = round_checkpoint(S, index, sr_base, ep, CKPT_FMT)
+        tl.store(ck, stored, mask=vmask[None, :])
+        if READ_FMT != READ_CHECKPOINT:
+            store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head,
+                            tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, RC_EMAX, BV, K, RC_CW)
+        if not COMMITTED:
+            # a verify's tokens, evaluated from the folded state S (exact): the window is the T tokens
+            wmask = e < T
+            tk = tl.minimum(e, T - 1)
+            k_w = tl.load(k + i * k_r + tk[:, None] * k_t + hk * k_h + ok[None, :], mask=wmask[:, None],
+                          other=0.0).to(tl.float32)                                                # [BM, K]
+            d_w = tl.zeros([BM, BV], dtype=tl.float32)
+            if PER_CHANNEL:
+                g_w = tl.load(g + i * g_r + tk[:, None] * g_t + h * g_h + ok[None, :], mask=wmask[:, None],
+                              other=0.0).to(tl.float32)
+            else:
+                g_w = tl.load(g + i * g_r + tk * g_t + h, mask=wmask, other=0.0).to(tl.float32)
             gam = tl.cumsum(g_w, axis=0)
             for t in tl.static_range(T):
-                jt = n_hist + t
                 kt = tl.load(k + i * k_r + t * k_t + hk * k_h + ok).to(tl.float32)
                 qt = tl.load(q + i * q_r + t * q_t + hk * q_h + ok).to(tl.float32)
                 vt = tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask, other=0.0).to(tl.float32)
                 bt = tl.load(beta + i * be_r + t * be_t + h).to(tl.float32)
-                before = e < jt
+                before = e < t
                 if PER_CHANNEL:
-                    gt = tl.sum(tl.where((e == jt)[:, None], gam, 0.0), axis=0)                       # [K]
-                    dec = tl.where(before[:, None] | (e == jt)[:, None],
+                    gt = tl.sum(tl.where((e == t)[:, None], gam, 0.0), axis=0)                       # [K]
+                    dec = tl.where(before[:, None] | (e == t)[:, None],
                                    tl.exp(tl.minimum(gt[None, :] - gam, 0.0)), 0.0) * k_w            # [BM, K]
                     ck_ = tl.sum(dec * kt[None, :], axis=1)
                     cq = tl.sum(dec * qt[None, :], axis=1)
                     top = tl.exp(gt)
-                    u = tl.sum(S0 * (top * kt)[:, None], axis=0)
-                    r = tl.sum(S0 * (top * qt)[:, None], axis=0)
+                    u = tl.sum(S * (top * kt)[:, None], axis=0)
+                    r = tl.sum(S * (top * qt)[:, None], axis=0)
                 else:
-                    gt = tl.sum(tl.where(e == jt, gam, 0.0), axis=0)
-                    dec = tl.where(e <= jt, tl.exp(tl.minimum(gt - gam, 0.0)), 0.0)                  # [BM]
+                    gt = tl.sum(tl.where(e == t, gam, 0.0), axis=0)
+                    dec = tl.where(e <= t, tl.exp(tl.minimum(gt - gam, 0.0)), 0.0)                  # [BM]
                     ck_ = dec * tl.sum(k_w * kt[None, :], axis=1)
                     cq = dec * tl.sum(k_w * qt[None, :], axis=1)
                     top = tl.exp(gt)
-                    u = top * tl.sum(S0 * kt[:, None], axis=0)
-                    r = top * tl.sum(S0 * qt[:, None], axis=0)
+                    u = top * tl.sum(S * kt[:, None], axis=0)
+                    r = top * tl.sum(S * qt[:, None], axis=0)
                 u += tl.sum(tl.where(before, ck_, 0.0)[:, None] * d_w, axis=0)
                 dt_ = bt * (vt - u)
-                d_w = tl.where((e == jt)[:, None], dt_[None, :], d_w)
+                d_w = tl.where((e == t)[:, None], dt_[None, :], d_w)
                 o = scale * (r + tl.sum(cq[:, None] * d_w, axis=0))
                 tl.store(out + i * o_r + t * o_t + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
-                tl.store(rd + ((origin + base + jt) % capacity) * V + ov, dt_, mask=vmask)
+                tl.store(rd + ((origin + count + t) % capacity) * V + ov, dt_, mask=vmask)
 
         # append this step's raw inputs at ring entries (origin + count + t) % C
         for t in tl.static_range(T):
@@ -201,14 +176,16 @@ def _delta_decode_kernel(
     out, o_r, o_t, o_h,
     scale, window, capacity, sr_base,
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr, FLUSH_PASS: tl.constexpr,
+    BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
-    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr,
+    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, RC_PW: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Non-flush decode rows (T = 1), arguments as ``_delta_step_fwd_kernel``: the state (or read
+    """Non-flush decode rows (T = 1), arguments as ``_delta_flush_kernel``: the state (or read
     copy) is streamed in ``NC``-key-channel chunks through a ``STAGES``-deep pipeline together with
     the same channels of q, k and the ring's keys (and KDA gates); flush rows are left to the
     flush pass. Output-only form as there, with the window entries e < count from the ring.
+    An NVFP4 read copy moves as 32-bit words of ``RC_PW`` = 8 codes, decoded in registers
+    column-strided; fp8 (``RC_PW`` = 1) as bytes, one per channel.
     Branch-free: every row loads and computes (a padded row reads slot 0), stores are masked, so
     the cursor, state and ring loads are all in flight after the slot index arrives."""
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -244,39 +221,57 @@ def _delta_decode_kernel(
     ck_ = tl.zeros([BM], dtype=tl.float32)                 # history coefficients for u
     cq = tl.zeros([BM], dtype=tl.float32)                  # history coefficients for the output
     kq = tl.zeros([1], dtype=tl.float32)                   # this token's own k . q
+    jw = tl.arange(0, NC // RC_PW)
     for c in tl.range(0, K // NC, num_stages=STAGES):
-        okc = c * NC + tl.arange(0, NC)
+        # chunk c as [BV, NC / PW] tiles; element w of word j is key channel c NC + j PW + w (PW = 1: fp32)
         if READ_FMT == READ_CHECKPOINT:
-            S0 = tl.load(ckpt + sl * c_s + h * c_h + okc[:, None] * c_k + ov[None, :] * c_v,
-                         mask=vmask[None, :], other=0.0).to(tl.float32)                      # [NC, BV]
+            tile = tl.load(ckpt + sl * c_s + h * c_h + (c * NC + jw)[None, :] * c_k + ov[:, None] * c_v,
+                           mask=vmask[:, None], other=0.0)
+        elif RC_PW == 1:                                   # fp8 bytes, decoded and scaled here
+            tile = load_read_copy(rc_codes + head * RC_CW + c * NC, rc_bs + head * (K // 16) + c * (NC // 16),
+                                  rc_rs + head, ov, vmask, READ_FMT, BV, NC, RC_CW, K // 16)
         else:
-            S0 = tl.trans(load_read_copy(rc_codes + head * RC_CW + c * (RC_CW // (K // NC)),
-                                         rc_bs + head * (K // 16) + c * (NC // 16), rc_rs + head, ov, vmask,
-                                         READ_FMT, BV, NC, RC_CW, K // 16))
-        k_raw = tl.load(k + i * k_r + hk * k_h + okc)
-        kt = k_raw.to(tl.float32)
-        qt = tl.load(q + i * q_r + hk * q_h + okc).to(tl.float32)
-        kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0).to(tl.float32)  # [BM, NC]
-        if PER_CHANNEL:
-            g_c = tl.load(g + i * g_r + h * g_h + okc).to(tl.float32)
-            gam_c = tl.cumsum(tl.where(hist[:, None], tl.load(rg + pos[:, None] * K + okc[None, :],
-                                                              mask=hist[:, None], other=0.0),
-                                       tl.where((e == count)[:, None], g_c[None, :], 0.0)), axis=0)
-            gt = tl.sum(tl.where((e == count)[:, None], gam_c, 0.0), axis=0)                  # [NC]
-            dec = tl.where(hist[:, None], tl.exp(tl.minimum(gt[None, :] - gam_c, 0.0)), 0.0) * kh
-            ck_ += tl.sum(dec * kt[None, :], axis=1)
-            cq += tl.sum(dec * qt[None, :], axis=1)
-            top = tl.exp(gt)
-            u += tl.sum(S0 * (top * kt)[:, None], axis=0)
-            r += tl.sum(S0 * (top * qt)[:, None], axis=0)
-            tl.store(rg + tok * K + okc, g_c, mask=(okc < K) & active & (pid_v == 0))
+            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (K // 16), ov, vmask, c,
+                                           K, RC_CW, NC, RC_PW, NC // RC_PW)
+        pu = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
+        pr = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
+        for w in tl.static_range(RC_PW):
+            okc = c * NC + jw * RC_PW + w
+            S0 = word_values(tile, w, READ_FMT if RC_PW > 1 else READ_CHECKPOINT)             # [BV, NC / PW]
+            k_raw = tl.load(k + i * k_r + hk * k_h + okc)
+            kt = k_raw.to(tl.float32)
+            qt = tl.load(q + i * q_r + hk * q_h + okc).to(tl.float32)
+            kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
+            if PER_CHANNEL:
+                g_c = tl.load(g + i * g_r + h * g_h + okc).to(tl.float32)
+                gam_c = tl.cumsum(tl.where(hist[:, None], tl.load(rg + pos[:, None] * K + okc[None, :],
+                                                                  mask=hist[:, None], other=0.0),
+                                           tl.where((e == count)[:, None], g_c[None, :], 0.0)), axis=0)
+                gt = tl.sum(tl.where((e == count)[:, None], gam_c, 0.0), axis=0)
+                dec = tl.where(hist[:, None], tl.exp(tl.minimum(gt[None, :] - gam_c, 0.0)), 0.0) * kh
+                ck_ += tl.sum(dec * kt[None, :], axis=1)
+                cq += tl.sum(dec * qt[None, :], axis=1)
+                top = tl.exp(gt)
+                pu += S0 * (top * kt)[None, :]
+                pr += S0 * (top * qt)[None, :]
+                tl.store(rg + tok * K + okc, g_c, mask=(okc < K) & active & (pid_v == 0))
+            else:
+                ck_ += tl.sum(kh * kt[None, :], axis=1)
+                cq += tl.sum(kh * qt[None, :], axis=1)
+                pu += S0 * kt[None, :]
+                pr += S0 * qt[None, :]
+            kq += tl.sum(kt * qt, axis=0)
+            tl.store(rk + tok * K + okc, k_raw, mask=(okc < K) & append_k)
+        if RC_PW == 1:
+            u += tl.sum(pu, axis=1)
+            r += tl.sum(pr, axis=1)
         else:
-            ck_ += tl.sum(kh * kt[None, :], axis=1)
-            cq += tl.sum(kh * qt[None, :], axis=1)
-            u += tl.sum(S0 * kt[:, None], axis=0)
-            r += tl.sum(S0 * qt[:, None], axis=0)
-        kq += tl.sum(kt * qt, axis=0)
-        tl.store(rk + tok * K + okc, k_raw, mask=(okc < K) & append_k)
+            u += tl.sum(pu * bscale, axis=1)
+            r += tl.sum(pr * bscale, axis=1)
+    if RC_PW > 1:
+        rsc = tl.load(rc_rs + head + ov, mask=vmask, other=0.0)
+        u *= rsc
+        r *= rsc
     if not PER_CHANNEL:
         gt = tl.sum(tl.where(e == count, gam, 0.0), axis=0)
         dec = tl.where(hist, tl.exp(tl.minimum(gt - gam, 0.0)), 0.0)
@@ -294,3 +289,154 @@ def _delta_decode_kernel(
     tl.store(rbeta + tok, bt, mask=active & (pid_v == 0))
     if not PER_CHANNEL:
         tl.store(rg + tok, g_tok, mask=active & (pid_v == 0))
+
+
+@triton.jit
+def _delta_verify_kernel(
+    ckpt, c_s, c_h, c_k, c_v,
+    rc_codes, rc_bs, rc_rs,
+    ring_k, ring_v, ring_g, ring_beta, ring_d,
+    count_ptr, origin_ptr, epoch_ptr,
+    slots,
+    q, q_r, q_t, q_h,
+    k, k_r, k_t, k_h,
+    v, v_r, v_t, v_h,
+    g, g_r, g_t, g_h,
+    beta, be_r, be_t,
+    out, o_r, o_t, o_h,
+    scale, window, capacity, sr_base,
+    T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
+    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, RC_PW: tl.constexpr, NC: tl.constexpr, NWP: tl.constexpr,
+    STAGES: tl.constexpr, TT: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """Non-flush verify rows (T > 1, ``TT`` = T padded to 16), arguments as ``_delta_flush_kernel``.
+
+    One pass over the state (or read copy) in ``NC``-channel chunks builds, with ``tl.dot`` at
+    precision ``DOT`` ("ieee" fp32 or "tf32x3", fp32-accurate on tensor cores):
+    ``U = S0ᵀ(e^{Γ_t} ⊙ k_t)``, ``R = S0ᵀ(e^{Γ_t} ⊙ q_t)`` ``[BV, TT]``, the decayed key
+    products of history entries with the tokens ``[BM, TT]`` and of tokens with tokens ``[TT, TT]``.
+    Then the tokens' d solve forward (``d_t = β_t (v_t - U_t - Σ_e c_et d_e)``, T steps on
+    ``[BV]`` vectors), ``O = scale (R + D_hist C_q + D_tok N_q)``. KDA's per-channel decays enter
+    the products factored at the history's end (both factors <= 1) for history pairs, and
+    pairwise for token pairs. Writes outputs, the tokens' d and ring entries only."""
+    pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ov = pid_v * BV + tl.arange(0, BV)
+    vmask = ov < V
+    valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
+    origin = tl.load(origin_ptr + sl)
+    active = valid & ~is_flush
+    e = tl.arange(0, BM)
+    hist = e < count
+    pos = (origin + e) % capacity
+    tt = tl.arange(0, TT)
+    tmask = tt < T
+    tpos = (origin + count + tt) % capacity               # ring entries the tokens are appended at
+    hk = h // (HV // HK)
+    head = (sl * HV + h) * V
+    rk = ring_k + ((sl * HK + hk) * capacity) * K
+    rv = ring_v + ((sl * HV + h) * capacity) * V
+    rd = ring_d + ((sl * HV + h) * capacity) * V
+    rbeta = ring_beta + (sl * HV + h) * capacity
+    append_k = active & (pid_v == 0) & (h % (HV // HK) == 0)
+    if PER_CHANNEL:
+        rg = ring_g + ((sl * HV + h) * capacity) * K
+    else:
+        rg = ring_g + (sl * HV + h) * capacity
+        g_h = tl.load(rg + pos, mask=hist, other=0.0)
+        g_tok = tl.load(g + i * g_r + tt * g_t + h, mask=tmask, other=0.0).to(tl.float32)       # [TT]
+        gam_h = tl.cumsum(g_h, axis=0)                                                        # [BM]
+        gam_t = tl.sum(g_h, axis=0) + tl.cumsum(g_tok, axis=0)                                # [TT]
+    d_h = tl.load(rd + pos[None, :] * V + ov[:, None], mask=hist[None, :] & vmask[:, None], other=0.0)  # [BV, BM]
+    U = tl.zeros([BV, TT], dtype=tl.float32)
+    R = tl.zeros([BV, TT], dtype=tl.float32)
+    HK_ = tl.zeros([BM, TT], dtype=tl.float32)            # history entry e . token t (keys)
+    HQ = tl.zeros([BM, TT], dtype=tl.float32)             # history entry e . token t (queries)
+    NK = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (keys)
+    NQ = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (queries)
+    jw = tl.arange(0, NWP)
+    wmask = jw < NC // RC_PW
+    for c in tl.range(0, K // NC, num_stages=STAGES):
+        if READ_FMT == READ_CHECKPOINT:
+            tile = tl.load(ckpt + sl * c_s + h * c_h + (c * NC + jw)[None, :] * c_k + ov[:, None] * c_v,
+                           mask=vmask[:, None] & wmask[None, :], other=0.0)
+        else:
+            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (K // 16), ov, vmask, c,
+                                           K, RC_CW, NC, RC_PW, NWP)
+        for w in tl.static_range(RC_PW):
+            okc = c * NC + jw * RC_PW + w                                                     # [NWP]
+            S0 = word_values(tile, w, READ_FMT)                                               # [BV, NWP]
+            if READ_FMT != READ_CHECKPOINT:
+                S0 = S0 * bscale
+            tw = wmask[:, None] & tmask[None, :]
+            k_raw = tl.load(k + i * k_r + tt[None, :] * k_t + hk * k_h + okc[:, None], mask=tw, other=0.0)
+            kT = k_raw.to(tl.float32)                                                         # [NWP, TT]
+            qT = tl.load(q + i * q_r + tt[None, :] * q_t + hk * q_h + okc[:, None], mask=tw, other=0.0).to(tl.float32)
+            kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None] & wmask[None, :],
+                         other=0.0).to(tl.float32)                                            # [BM, NWP]
+            if PER_CHANNEL:
+                gh = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None] & wmask[None, :], other=0.0)
+                gT = tl.load(g + i * g_r + tt[None, :] * g_t + h * g_h + okc[:, None], mask=tw,
+                             other=0.0).to(tl.float32)                                        # [NWP, TT]
+                gc = tl.sum(gh, axis=0)                                                       # [NWP] history total
+                gam_T = tl.cumsum(gT, axis=1)                                                 # [NWP, TT] after gc
+                f_t = tl.exp(gam_T)                                                           # <= 1
+                kh_s = kh * tl.exp(gc[None, :] - tl.cumsum(gh, axis=0))                       # <= 1 factors
+                U += tl.dot(S0, kT * (f_t * tl.exp(gc)[:, None]), input_precision=DOT)
+                R += tl.dot(S0, qT * (f_t * tl.exp(gc)[:, None]), input_precision=DOT)
+                HK_ += tl.dot(kh_s, kT * f_t, input_precision=DOT)
+                HQ += tl.dot(kh_s, qT * f_t, input_precision=DOT)
+                for s in tl.static_range(T):
+                    sel = (tt == s)[None, :]
+                    k_s = tl.sum(tl.where(sel, kT, 0.0), axis=1)                              # [NWP]
+                    g_s = tl.sum(tl.where(sel, gam_T, 0.0), axis=1)
+                    dec = tl.where((tt >= s)[None, :], tl.exp(tl.minimum(gam_T - g_s[:, None], 0.0)), 0.0)
+                    NK += tl.where((tt == s)[:, None], tl.sum(dec * (k_s[:, None] * kT), axis=0)[None, :], 0.0)
+                    NQ += tl.where((tt == s)[:, None], tl.sum(dec * (k_s[:, None] * qT), axis=0)[None, :], 0.0)
+                tl.store(rg + tpos[None, :] * K + okc[:, None], gT, mask=tw & active & (pid_v == 0))
+            else:
+                kS = tl.trans(kT)                                                             # [TT, NWP]
+                U += tl.dot(S0, kT, input_precision=DOT)
+                R += tl.dot(S0, qT, input_precision=DOT)
+                HK_ += tl.dot(kh, kT, input_precision=DOT)
+                HQ += tl.dot(kh, qT, input_precision=DOT)
+                NK += tl.dot(kS, kT, input_precision=DOT)
+                NQ += tl.dot(kS, qT, input_precision=DOT)
+            tl.store(rk + tpos[None, :] * K + okc[:, None], k_raw, mask=tw & append_k)
+    if READ_FMT != READ_CHECKPOINT:
+        rsc = tl.load(rc_rs + head + ov, mask=vmask, other=0.0)[:, None]
+        U *= rsc
+        R *= rsc
+    if not PER_CHANNEL:
+        top = tl.exp(gam_t)[None, :]                                                          # [1, TT]
+        U *= top
+        R *= top
+        hdec = tl.where(hist[:, None], tl.exp(tl.minimum(gam_t[None, :] - gam_h[:, None], 0.0)), 0.0)
+        HK_ *= hdec
+        HQ *= hdec
+        ndec = tl.where(tt[:, None] <= tt[None, :], tl.exp(tl.minimum(gam_t[None, :] - gam_t[:, None], 0.0)), 0.0)
+        NK *= ndec
+        NQ *= ndec
+    # tokens' d, in order: d_t = beta_t (v_t - U_t - history term - earlier tokens' term)
+    io = vmask[:, None] & tmask[None, :]
+    v_raw = tl.load(v + i * v_r + tt[None, :] * v_t + h * v_h + ov[:, None], mask=io, other=0.0)   # [BV, TT]
+    bt = tl.load(beta + i * be_r + tt * be_t + h, mask=tmask, other=0.0).to(tl.float32)            # [TT]
+    Ub = v_raw.to(tl.float32) - U - tl.dot(d_h, HK_, input_precision=DOT)
+    NK = tl.where(tt[:, None] < tt[None, :], NK, 0.0)                                       # strictly earlier
+    Dt = tl.zeros([BV, TT], dtype=tl.float32)
+    for t in tl.static_range(T):
+        col = (tt == t)[None, :]
+        nk_t = tl.sum(tl.where(col, NK, 0.0), axis=1)                                       # [TT] over s
+        u_t = tl.sum(tl.where(col, Ub, 0.0), axis=1) - tl.sum(Dt * nk_t[None, :], axis=1)
+        b_t = tl.sum(tl.where(tt == t, bt, 0.0), axis=0)
+        Dt = tl.where(col, (b_t * u_t)[:, None], Dt)
+    O = scale * (R + tl.dot(d_h, HQ, input_precision=DOT) + tl.dot(Dt, NQ, input_precision=DOT))
+    tl.store(out + i * o_r + tt[None, :] * o_t + h * o_h + ov[:, None], tl.where(valid, O, 0.0).to(out.dtype.element_ty),
+             mask=io & (active | ~valid))
+    tl.store(rd + tpos[None, :] * V + ov[:, None], Dt, mask=io & active)
+    tl.store(rv + tpos[None, :] * V + ov[:, None], v_raw, mask=io & active)
+    tl.store(rbeta + tpos, bt, mask=tmask & active & (pid_v == 0))
+    if not PER_CHANNEL:
+        tl.store(rg + tpos, g_tok, mask=tmask & active & (pid_v == 0))

@@ -169,6 +169,47 @@ def load_read_copy(codes_ptr, bs_ptr, rs_ptr, rows, row_mask, FMT: tl.constexpr,
 
 
 @triton.jit
+def load_read_words(codes_ptr, bs_ptr, rows, row_mask, c, COLS: tl.constexpr, CW: tl.constexpr,
+                    NC: tl.constexpr, PW: tl.constexpr, NWP: tl.constexpr):
+    """Chunk ``c`` (columns ``[c NC, (c + 1) NC)``) of rows ``rows [R]`` of a read copy as 32-bit words.
+
+    Returns ``(words int32 [R, NWP], block scales fp32 [R, NWP])``: word j < NC / PW holds the
+    ``PW`` columns ``c NC + j PW + w`` (w < PW; PW = 4 for fp8, 8 for nvfp4), read with
+    :func:`word_values`; its block scale is the one of all of them (16 divides every word's
+    first column). ``NWP >= NC / PW`` pads the tile with zero words (tl.dot needs 16).
+    Pointers as in :func:`load_read_copy`, rows ``CW`` code bytes apart. Word loads are 4-byte
+    aligned (a row's code bytes are a multiple of 4), so they pipeline.
+    """
+    jw = tl.arange(0, NWP)
+    mask = row_mask[:, None]
+    if NWP > NC // PW:
+        mask = mask & (jw < NC // PW)[None, :]
+    words = tl.load(codes_ptr.to(tl.pointer_type(tl.int32)) + rows[:, None] * (CW // 4) + c * (NC // PW)
+                    + jw[None, :], mask=mask, other=0)
+    bs = tl.load(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * (COLS // 16)
+                 + ((c * NC + jw * PW) // 16)[None, :], mask=mask, other=0)
+    return words, e4m3_decode(bs)
+
+
+@triton.jit
+def word_values(words, w: tl.constexpr, FMT: tl.constexpr):
+    """Element ``w`` of every word of :func:`load_read_words` as fp32 (block and row scales not
+    applied); with the checkpoint as the read format the tile holds values (one per word).
+
+    nvfp4: the nibble's sign and 3 magnitude bits placed as fp16 bits ``s.eee.m`` (exponent field
+    e2m1's exponent, top mantissa bit m) give e2m1's value times 2^-14 exactly, subnormals
+    included, so decoding is two shifts, two masks and a bitcast."""
+    if FMT == READ_CHECKPOINT:
+        return words.to(tl.float32)            # checkpoint values, one per "word"
+    elif FMT == READ_FP8:
+        return e4m3_decode(words >> (8 * w))
+    else:
+        nib = words >> (4 * w)
+        bits = ((nib & 8) << 12) | ((nib & 7) << 9)
+        return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+
+
+@triton.jit
 def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.constexpr, EMAX: tl.constexpr,
                     R: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr):
     """Encode whole rows ``x [R, COLS]`` fp32 and store them as rows ``rows`` of a (slot, head) read

@@ -1,13 +1,11 @@
 """Mamba-2 replay step in Triton: decode (T = 1) and verify (T tokens).
 
-One program per (P-tile, head, row): it reads the checkpoint tile (flush rows) or read-copy
-tile (other rows) once, evaluates each token's output from it and the ring window with
-reductions, appends the tokens to the ring and, on flush rows, folds the window into the
-checkpoint in one fp32 product ``e^{lam_last} S0 + (s * x)^T B`` (``tl.dot`` in IEEE fp32, the
-window rows already in registers) and re-derives the read copy. The kernel is launched twice
-per step with ``FLUSH_PASS`` = False / True; each pass handles only its rows, so the
-non-flush variant carries no fold code, and issues its state load together with the cursor
-loads. Cursors are only read.
+A step is two launches, one program per (P-tile, head, row) each, every launch handling only
+its rows: the non-flush pass (``_mamba2_decode_kernel`` for T = 1, ``_mamba2_verify_kernel``
+for T > 1) streams the checkpoint or its read copy once and writes outputs and ring entries
+only; the flush pass (``_mamba2_flush_kernel``) holds the checkpoint tile in registers, folds
+the window into it in one fp32 product ``e^{lam_last} S0 + (s * x)^T B`` (``tl.dot`` in IEEE
+fp32), re-derives the read copy and evaluates the step's outputs. Cursors are only read.
 Derivation: README.md beside this file; reference: reference.py.
 """
 
@@ -16,9 +14,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, round_checkpoint,
-                                              store_read_copy)
-from replayssm.kernels.ring.triton import row_route, zero_rows
+from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, load_read_words,
+                                              round_checkpoint, store_read_copy, word_values)
+from replayssm.kernels.ring.triton import row_route
 
 
 @triton.jit
@@ -27,7 +25,7 @@ def _softplus(x):
 
 
 @triton.jit
-def _mamba2_step_fwd_kernel(
+def _mamba2_flush_kernel(
     ckpt, c_s, c_h, c_p, c_n,                  # [S, H, P, N] checkpoint (any strides)
     rc_codes, rc_bs, rc_rs,                    # read copy, contiguous [S, H, P, ...]
     ring_x, ring_dt, ring_B,                   # contiguous [S, H, C, P], [S, H, C], [S, G, C, N]
@@ -42,37 +40,27 @@ def _mamba2_step_fwd_kernel(
     out, o_r, o_t, o_h,                        # [n, T, H, P]
     window, capacity, sr_base,
     T: tl.constexpr, H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
-    BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr, FLUSH_PASS: tl.constexpr,
+    BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
 ):
+    """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass."""
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
-    origin = tl.load(origin_ptr + sl)
-    g = h // (H // G)
-    on = tl.arange(0, N)
-    ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
-    head = (sl * H + h) * P
-    if not FLUSH_PASS:
-        # issued with the cursor loads, before the row is routed (a flush row's tile goes unused)
-        if READ_FMT == READ_CHECKPOINT:
-            S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                    # [BP, N]
-        else:
-            S0 = load_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head, op, pmask,
-                                READ_FMT, BP, N, RC_CW, N // 16)
-    if not valid:
-        if not FLUSH_PASS:
-            zero_rows(out, i, o_r, o_t, o_h, h, op, pmask, T, BP)
-    elif is_flush == FLUSH_PASS:
+    if valid & is_flush:
+        origin = tl.load(origin_ptr + sl)
+        g = h // (H // G)
+        on = tl.arange(0, N)
+        ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
+        head = (sl * H + h) * P
         e = tl.arange(0, BM)                                   # window entry
         hist = e < count
         new = (e >= count) & (e < count + T)
         tok = e - count                                        # token index of new entries
         pos = (origin + e) % capacity                          # ring entry of window entry e
-        if FLUSH_PASS:
-            S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                    # [BP, N]
+        S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                        # [BP, N]
 
         # per-head window scalars: dt' = softplus(dt + dt_bias), lam = cumsum(A dt')
         rdt = ring_dt + (sl * H + h) * capacity
@@ -106,19 +94,18 @@ def _mamba2_step_fwd_kernel(
                 y = y * zz * tl.sigmoid(zz)
             tl.store(out + i * o_r + t * o_t + h * o_h + op, y.to(out.dtype.element_ty), mask=pmask)
 
-        if FLUSH_PASS:
-            # fold (decode: history and token; verify: history): S0 e^{lam_last} + (s * x)^T B
-            n_fold = count + T if COMMITTED else count
-            lam_e = tl.sum(tl.where(e == n_fold - 1, lam, 0.0), axis=0)
-            s = tl.where(e < n_fold, tl.exp(tl.minimum(lam_e - lam, 0.0)) * dtp, 0.0)
-            S_new = tl.dot(tl.trans(xf * s[:, None]), Bf, acc=tl.exp(lam_e) * S0, input_precision="ieee")
-            ep = tl.load(epoch_ptr + sl)
-            index = h * (P * N) + op[:, None] * N + on[None, :]
-            stored = round_checkpoint(S_new, index, sr_base, ep, CKPT_FMT)
-            tl.store(ck, stored, mask=pmask[:, None])
-            if READ_FMT != READ_CHECKPOINT:
-                store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head,
-                                stored.to(tl.float32), op, pmask, READ_FMT, RC_EMAX, BP, N, RC_CW)
+        # fold (decode: history and token; verify: history): S0 e^{lam_last} + (s * x)^T B
+        n_fold = count + T if COMMITTED else count
+        lam_e = tl.sum(tl.where(e == n_fold - 1, lam, 0.0), axis=0)
+        s = tl.where(e < n_fold, tl.exp(tl.minimum(lam_e - lam, 0.0)) * dtp, 0.0)
+        S_new = tl.dot(tl.trans(xf * s[:, None]), Bf, acc=tl.exp(lam_e) * S0, input_precision="ieee")
+        ep = tl.load(epoch_ptr + sl)
+        index = h * (P * N) + op[:, None] * N + on[None, :]
+        stored = round_checkpoint(S_new, index, sr_base, ep, CKPT_FMT)
+        tl.store(ck, stored, mask=pmask[:, None])
+        if READ_FMT != READ_CHECKPOINT:
+            store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head,
+                            stored.to(tl.float32), op, pmask, READ_FMT, RC_EMAX, BP, N, RC_CW)
 
         # append this step's tokens at ring entries (origin + count + t) % C
         tl.store(rx + pos[:, None] * P + op[None, :], x_w, mask=new[:, None] & pmask[None, :])
@@ -144,14 +131,16 @@ def _mamba2_decode_kernel(
     out, o_r, o_t, o_h,
     window, capacity, sr_base,
     T: tl.constexpr, H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
-    BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr, FLUSH_PASS: tl.constexpr,
+    BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
-    NC: tl.constexpr, STAGES: tl.constexpr,
+    RC_PW: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Non-flush decode rows (T = 1), arguments as ``_mamba2_step_fwd_kernel``: the state (or read
+    """Non-flush decode rows (T = 1), arguments as ``_mamba2_flush_kernel``: the state (or read
     copy) is streamed in ``NC``-column chunks through a ``STAGES``-deep pipeline, with the ring's
-    B rows of the same columns; flush rows are left to the flush pass."""
+    B rows of the same columns; flush rows are left to the flush pass. An NVFP4 read copy
+    moves as 32-bit words of ``RC_PW`` = 8 codes, decoded in registers column-strided (no byte
+    shuffles); fp8 (``RC_PW`` = 1) as bytes, one per column."""
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
@@ -179,22 +168,34 @@ def _mamba2_decode_kernel(
     sc = tl.zeros([BP], dtype=tl.float32)                  # S0 C
     bc = tl.zeros([BM], dtype=tl.float32)                  # B_e . C for the history
     bc_tok = tl.zeros([1], dtype=tl.float32)               # B . C of this token
+    jw = tl.arange(0, NC // RC_PW)
     for c in tl.range(0, N // NC, num_stages=STAGES):
-        on = c * NC + tl.arange(0, NC)
+        # chunk c as [BP, NC / PW] tiles; element w of word j is column c NC + j PW + w (PW = 1: fp32)
         if READ_FMT == READ_CHECKPOINT:
-            S0 = tl.load(ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n,
-                         mask=pmask[:, None], other=0.0).to(tl.float32)                    # [BP, NC]
+            tile = tl.load(ckpt + sl * c_s + h * c_h + op[:, None] * c_p + (c * NC + jw)[None, :] * c_n,
+                           mask=pmask[:, None], other=0.0)
+        elif RC_PW == 1:                                   # fp8 bytes, decoded and scaled here
+            tile = load_read_copy(rc_codes + head * RC_CW + c * NC, rc_bs + head * (N // 16) + c * (NC // 16),
+                                  rc_rs + head, op, pmask, READ_FMT, BP, NC, RC_CW, N // 16)
         else:
-            S0 = load_read_copy(rc_codes + head * RC_CW + c * (RC_CW // (N // NC)),
-                                rc_bs + head * (N // 16) + c * (NC // 16), rc_rs + head, op, pmask,
-                                READ_FMT, BP, NC, RC_CW, N // 16)
-        cc = tl.load(C + i * cc_r + g * cc_g + on).to(tl.float32)                           # [NC]
-        b_raw = tl.load(B + i * b_r + g * b_g + on)
-        Bh = tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
-        sc += tl.sum(S0 * cc[None, :], axis=1)
-        bc += tl.sum(Bh * cc[None, :], axis=1)
-        bc_tok += tl.sum(b_raw.to(tl.float32) * cc, axis=0)
-        tl.store(rB + tok * N + on, b_raw, mask=(on < N) & append_B)
+            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (N // 16), op, pmask, c,
+                                           N, RC_CW, NC, RC_PW, NC // RC_PW)
+        part = tl.zeros([BP, NC // RC_PW], dtype=tl.float32)
+        for w in tl.static_range(RC_PW):
+            on = c * NC + jw * RC_PW + w
+            cc = tl.load(C + i * cc_r + g * cc_g + on).to(tl.float32)
+            b_raw = tl.load(B + i * b_r + g * b_g + on)
+            Bh = tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
+            part += word_values(tile, w, READ_FMT if RC_PW > 1 else READ_CHECKPOINT) * cc[None, :]
+            bc += tl.sum(Bh * cc[None, :], axis=1)
+            bc_tok += tl.sum(b_raw.to(tl.float32) * cc, axis=0)
+            tl.store(rB + tok * N + on, b_raw, mask=(on < N) & append_B)
+        if RC_PW == 1:
+            sc += tl.sum(part, axis=1)
+        else:
+            sc += tl.sum(part * bscale, axis=1)
+    if RC_PW > 1:
+        sc *= tl.load(rc_rs + head + op, mask=pmask, other=0.0)
 
     # window scalars: dt' = softplus(dt + dt_bias), lam = cumsum(A dt') over history + token
     dtp = tl.where(e <= count, _softplus(dt_w), 0.0)
@@ -213,3 +214,110 @@ def _mamba2_decode_kernel(
              mask=pmask & (active | ~valid))
     tl.store(rx + tok * P + op, x_raw, mask=pmask & active)
     tl.store(rdt + tok, dt_tok, mask=active & (pid_p == 0))
+
+
+@triton.jit
+def _mamba2_verify_kernel(
+    ckpt, c_s, c_h, c_p, c_n,
+    rc_codes, rc_bs, rc_rs,
+    ring_x, ring_dt, ring_B,
+    count_ptr, origin_ptr, epoch_ptr,
+    slots,
+    x, x_r, x_t, x_h,
+    dt, dt_r, dt_t,
+    A, D, dt_bias,
+    B, b_r, b_t, b_g,
+    C, cc_r, cc_t, cc_g,
+    z, z_r, z_t, z_h,
+    out, o_r, o_t, o_h,
+    window, capacity, sr_base,
+    T: tl.constexpr, H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+    BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
+    RC_PW: tl.constexpr, NC: tl.constexpr, NWP: tl.constexpr, STAGES: tl.constexpr, TT: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """Non-flush verify rows (T > 1, ``TT`` = T padded to 16), arguments as ``_mamba2_flush_kernel``.
+
+    The state (or read copy) is streamed once, in ``NC``-column chunks, into two small products:
+    ``S0 C [BP, TT]`` and the window's ``B_e . C_t [BM, TT]`` (``tl.dot`` at precision ``DOT``:
+    "ieee" fp32 or "tf32x3", three tf32 products, fp32-accurate on tensor cores); then
+    ``y = e^{lam_t} S0 C_t + X W`` with ``W[e, t] = e^{lam_t - lam_e} dt'_e (B_e . C_t)`` for
+    ``e <= t``. Writes outputs and ring entries only; flush rows are left to the flush pass."""
+    pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    op = pid_p * BP + tl.arange(0, BP)
+    pmask = op < P
+    valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
+    origin = tl.load(origin_ptr + sl)
+    active = valid & ~is_flush
+    g = h // (H // G)
+    e = tl.arange(0, BM)
+    hist = e < count
+    new = (e >= count) & (e < count + T)
+    tok_e = tl.maximum(e - count, 0)                       # token index of window entry e (new entries)
+    pos = (origin + e) % capacity
+    tt = tl.arange(0, TT)
+    tmask = tt < T
+    tpos = (origin + count + tt) % capacity                # ring entries the tokens are appended at
+    head = (sl * H + h) * P
+    rB = ring_B + ((sl * G + g) * capacity) * N
+    rx = ring_x + ((sl * H + h) * capacity) * P
+    rdt = ring_dt + (sl * H + h) * capacity
+    append_B = active & (pid_p == 0) & (h % (H // G) == 0)
+    # window dt (history from the ring, then the tokens) and x, transposed [BP, BM]
+    dt_new = tl.load(dt + i * dt_r + tok_e * dt_t + h, mask=new, other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        dt_new += tl.load(dt_bias + h)
+    dt_w = tl.where(hist, tl.load(rdt + pos, mask=hist, other=0.0), tl.where(new, dt_new, 0.0))
+    xw = (tl.load(rx + pos[None, :] * P + op[:, None], mask=hist[None, :] & pmask[:, None], other=0.0)
+          + tl.load(x + i * x_r + tok_e[None, :] * x_t + h * x_h + op[:, None], mask=new[None, :] & pmask[:, None],
+                    other=0.0))
+    sc = tl.zeros([BP, TT], dtype=tl.float32)             # S0 C_t
+    bc = tl.zeros([BM, TT], dtype=tl.float32)             # B_e . C_t
+    jw = tl.arange(0, NWP)
+    wmask = jw < NC // RC_PW
+    for c in tl.range(0, N // NC, num_stages=STAGES):
+        if READ_FMT == READ_CHECKPOINT:
+            tile = tl.load(ckpt + sl * c_s + h * c_h + op[:, None] * c_p + (c * NC + jw)[None, :] * c_n,
+                           mask=pmask[:, None] & wmask[None, :], other=0.0)
+        else:
+            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (N // 16), op, pmask, c,
+                                           N, RC_CW, NC, RC_PW, NWP)
+        for w in tl.static_range(RC_PW):
+            on = c * NC + jw * RC_PW + w                                                    # [NWP]
+            Ct = tl.load(C + i * cc_r + tt[None, :] * cc_t + g * cc_g + on[:, None],
+                         mask=wmask[:, None] & tmask[None, :], other=0.0).to(tl.float32)    # [NWP, TT]
+            Bw = (tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None] & wmask[None, :], other=0.0)
+                  + tl.load(B + i * b_r + tok_e[:, None] * b_t + g * b_g + on[None, :],
+                            mask=new[:, None] & wmask[None, :], other=0.0))                # [BM, NWP]
+            val = word_values(tile, w, READ_FMT)
+            if READ_FMT != READ_CHECKPOINT:
+                val = val * bscale
+            sc += tl.dot(val, Ct, input_precision=DOT)
+            bc += tl.dot(Bw.to(tl.float32), Ct, input_precision=DOT)
+            Bt = tl.load(B + i * b_r + tt[:, None] * b_t + g * b_g + on[None, :],
+                         mask=tmask[:, None] & wmask[None, :], other=0.0)
+            tl.store(rB + tpos[:, None] * N + on[None, :], Bt, mask=tmask[:, None] & wmask[None, :] & append_B)
+    if READ_FMT != READ_CHECKPOINT:
+        sc *= tl.load(rc_rs + head + op, mask=pmask, other=0.0)[:, None]
+
+    dtp = tl.where(hist | new, _softplus(dt_w), 0.0)
+    lam = tl.cumsum(tl.load(A + h) * dtp, axis=0)                                           # [BM]
+    jt = count + tt                                                                         # window index of token t
+    lam_t = tl.sum(tl.where(e[:, None] == jt[None, :], lam[:, None], 0.0), axis=0)          # [TT]
+    W = tl.where(e[:, None] <= jt[None, :],
+                 tl.exp(tl.minimum(lam_t[None, :] - lam[:, None], 0.0)) * dtp[:, None] * bc, 0.0)  # [BM, TT]
+    y = tl.exp(lam_t)[None, :] * sc + tl.dot(xw.to(tl.float32), W, input_precision=DOT)    # [BP, TT]
+    io = pmask[:, None] & tmask[None, :]
+    x_tok = tl.load(x + i * x_r + tt[None, :] * x_t + h * x_h + op[:, None], mask=io, other=0.0)
+    if HAS_D:
+        y += tl.load(D + h) * x_tok.to(tl.float32)
+    if HAS_Z:
+        zz = tl.load(z + i * z_r + tt[None, :] * z_t + h * z_h + op[:, None], mask=io, other=0.0).to(tl.float32)
+        y = y * zz * tl.sigmoid(zz)
+    tl.store(out + i * o_r + tt[None, :] * o_t + h * o_h + op[:, None], tl.where(valid, y, 0.0).to(out.dtype.element_ty),
+             mask=io & (active | ~valid))
+    tl.store(rx + tpos[None, :] * P + op[:, None], x_tok, mask=io & active)
+    dt_tok = tl.sum(tl.where(e[:, None] == jt[None, :], dt_w[:, None], 0.0), axis=0)        # [TT]
+    tl.store(rdt + tpos, dt_tok, mask=tmask & active & (pid_p == 0))

@@ -16,13 +16,6 @@ def row_route(slots, i, count_ptr, T: tl.constexpr, window):
 
 
 @triton.jit
-def zero_rows(out, i, o_r, o_t, o_h, h, cols, cmask, T: tl.constexpr, BC: tl.constexpr):
-    """Zero the outputs of a padded row: ``out[i, t, h, cols]`` for every token t."""
-    for t in tl.static_range(T):
-        tl.store(out + i * o_r + t * o_t + h * o_h + cols, tl.zeros([BC], tl.float32), mask=cmask)
-
-
-@triton.jit
 def _advance_kernel(count_ptr, origin_ptr, pending_ptr, epoch_ptr, slots, n, num_slots,
                     T, window, capacity, COMMITTED: tl.constexpr, BLOCK: tl.constexpr):
     # one layer's cursors [S + 1]; rows with slot -1 are skipped
