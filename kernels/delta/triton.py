@@ -224,20 +224,24 @@ def _delta_decode_kernel(
     jw = tl.arange(0, NC // RC_PW)
     for c in tl.range(0, K // NC, num_stages=STAGES):
         # chunk c as [BV, NC / PW] tiles; element w of word j is key channel c NC + j PW + w (PW = 1: fp32)
-        if READ_FMT == READ_CHECKPOINT:
-            tile = tl.load(ckpt + sl * c_s + h * c_h + (c * NC + jw)[None, :] * c_k + ov[:, None] * c_v,
-                           mask=vmask[:, None], other=0.0)
+        if READ_FMT == READ_CHECKPOINT:                   # [NC, BV]: channels down, as the state
+            tile = tl.load(ckpt + sl * c_s + h * c_h + (c * NC + jw)[:, None] * c_k + ov[None, :] * c_v,
+                           mask=vmask[None, :], other=0.0)
         elif RC_PW == 1:                                   # fp8 bytes, decoded and scaled here
             tile = load_read_copy(rc_codes + head * RC_CW + c * NC, rc_bs + head * (K // 16) + c * (NC // 16),
                                   rc_rs + head, ov, vmask, READ_FMT, BV, NC, RC_CW, K // 16)
         else:
             tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (K // 16), ov, vmask, c,
                                            K, RC_CW, NC, RC_PW, NC // RC_PW)
-        pu = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
-        pr = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
+        if READ_FMT == READ_CHECKPOINT:
+            pu = tl.zeros([NC, BV], dtype=tl.float32)
+            pr = tl.zeros([NC, BV], dtype=tl.float32)
+        else:
+            pu = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
+            pr = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
         for w in tl.static_range(RC_PW):
             okc = c * NC + jw * RC_PW + w
-            S0 = word_values(tile, w, READ_FMT if RC_PW > 1 else READ_CHECKPOINT)             # [BV, NC / PW]
+            S0 = word_values(tile, w, READ_FMT if RC_PW > 1 else READ_CHECKPOINT)   # [NC, BV] or [BV, NC / PW]
             k_raw = tl.load(k + i * k_r + hk * k_h + okc)
             kt = k_raw.to(tl.float32)
             qt = tl.load(q + i * q_r + hk * q_h + okc).to(tl.float32)
@@ -251,18 +255,26 @@ def _delta_decode_kernel(
                 dec = tl.where(hist[:, None], tl.exp(tl.minimum(gt[None, :] - gam_c, 0.0)), 0.0) * kh
                 ck_ += tl.sum(dec * kt[None, :], axis=1)
                 cq += tl.sum(dec * qt[None, :], axis=1)
-                top = tl.exp(gt)
-                pu += S0 * (top * kt)[None, :]
-                pr += S0 * (top * qt)[None, :]
+                kk = tl.exp(gt) * kt
+                qq = tl.exp(gt) * qt
                 tl.store(rg + tok * K + okc, g_c, mask=(okc < K) & active & (pid_v == 0))
             else:
                 ck_ += tl.sum(kh * kt[None, :], axis=1)
                 cq += tl.sum(kh * qt[None, :], axis=1)
-                pu += S0 * kt[None, :]
-                pr += S0 * qt[None, :]
+                kk = kt
+                qq = qt
+            if READ_FMT == READ_CHECKPOINT:
+                pu += S0 * kk[:, None]
+                pr += S0 * qq[:, None]
+            else:
+                pu += S0 * kk[None, :]
+                pr += S0 * qq[None, :]
             kq += tl.sum(kt * qt, axis=0)
             tl.store(rk + tok * K + okc, k_raw, mask=(okc < K) & append_k)
-        if RC_PW == 1:
+        if READ_FMT == READ_CHECKPOINT:
+            u += tl.sum(pu, axis=0)
+            r += tl.sum(pr, axis=0)
+        elif RC_PW == 1:
             u += tl.sum(pu, axis=1)
             r += tl.sum(pr, axis=1)
         else:
