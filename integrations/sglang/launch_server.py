@@ -70,7 +70,11 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
                          f"checkpoint as {_SSM_DTYPE[cfg.checkpoint_dtype]}; drop --mamba-ssm-dtype")
     if _flag_value(rest, "--mamba-ssm-dtype") is None:
         sglang_args += ["--mamba-ssm-dtype", _SSM_DTYPE[cfg.checkpoint_dtype]]
-    if _flag_value(rest, "--mamba-radix-cache-strategy") is None and "--disable-radix-cache" not in rest:
+    strategy = _flag_value(rest, "--mamba-radix-cache-strategy")
+    if strategy not in (None, "no_buffer"):
+        raise SystemExit(f"--mamba-radix-cache-strategy: replayssm serves no_buffer only (extra_buffer track slots "
+                         f"would need the ring and cursors); got {strategy}")
+    if strategy is None and "--disable-radix-cache" not in rest:
         sglang_args += ["--mamba-radix-cache-strategy", "no_buffer"]
     return json.loads(options.encode(cfg)), sglang_args, own.dry_run
 
@@ -92,9 +96,6 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(dict(sglang_args=sglang_args, replay=replay, env=env,
                               model_path=server_args.model_path), indent=1))
         return
-    if replay is not None:
-        raise SystemExit("--replay-ssm: serving needs replayssm's SGLang adapters, which are not built yet "
-                         "(only --dry-run works); see the README's Status")
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins
 

@@ -1,0 +1,116 @@
+"""The class patches that put replayssm into a SGLang 0.5.23 process (installed by the plugin).
+
+| target | patch |
+|---|---|
+| ``HybridReqToTokenPool.mamba_pool_cls`` | ``ReplayMambaPool`` bound to the config (set explicitly: a class REPLACE of ``MambaPool`` would not reach this attribute) |
+| ``layers.attention.mamba.mamba.selective_state_update`` (``MambaMixer2``'s call sites) | replay decode / verify on replay pool state, SGLang's kernel otherwise |
+| ``MambaMixer2.forward`` | after a prefill wrote ``temporal``, reset those rows' rings and read copy |
+| ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
+| ``MambaComponent.prepare_for_caching_req`` | a finished request's slot is flushed before the radix tree takes it |
+| ``MambaAttnBackendBase.__init__`` | refuses linear backends other than Mamba-2 on a replay pool (GDN / KDA routing is not built) |
+
+``install`` is idempotent per process; ``uninstall`` restores SGLang's originals.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from replayssm import ReplayConfig
+
+from . import mamba2, pool
+
+_saved: list[tuple[object, str, object]] = []
+
+
+def _patch(owner, name: str, value) -> None:
+    _saved.append((owner, name, owner.__dict__[name]))
+    setattr(owner, name, value)
+
+
+def installed() -> bool:
+    """True while the replay patches are in place."""
+    return bool(_saved)
+
+
+def install(cfg: ReplayConfig) -> None:
+    """Patch SGLang's classes for replay with ``cfg`` (no-op if already installed)."""
+    if not isinstance(cfg, ReplayConfig):
+        raise TypeError(f"cfg: expected a ReplayConfig, got {type(cfg).__name__}")
+    if _saved:
+        return
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
+    from sglang.srt.layers.attention.mamba import mamba as mamba_mod
+    from sglang.srt.mem_cache import memory_pool
+    from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+
+    _patch(memory_pool.HybridReqToTokenPool, "mamba_pool_cls", pool.pool_class(cfg))
+
+    kernel = mamba_mod.selective_state_update
+
+    @functools.wraps(kernel)
+    def selective_state_update(state, *args, **kwargs):
+        if pool.lookup(state) is None:
+            return kernel(state, *args, **kwargs)
+        return mamba2.replay_selective_state_update(state, *args, **kwargs)
+
+    _patch(mamba_mod, "selective_state_update", selective_state_update)
+
+    mixer_forward = mamba_mod.MambaMixer2.forward
+
+    @functools.wraps(mixer_forward)
+    def forward(self, **kwargs):
+        result = mixer_forward(self, **kwargs)
+        meta = kwargs["metadata"]
+        if meta.num_prefills > 0:
+            pool.after_prefill(kwargs["layer_cache"].temporal, meta.mamba_cache_indices[:meta.num_prefills])
+        return result
+
+    _patch(mamba_mod.MambaMixer2, "forward", forward)
+
+    commit = hlab.HybridLinearAttnBackend.update_mamba_state_after_mtp_verify
+
+    @functools.wraps(commit)
+    def update_mamba_state_after_mtp_verify(self, last_correct_step_indices, mamba_track_indices,
+                                            mamba_steps_to_track, model, req_pool_indices=None):
+        if not mamba2.commit_after_verify(self, last_correct_step_indices, mamba_track_indices,
+                                          mamba_steps_to_track, req_pool_indices):
+            commit(self, last_correct_step_indices, mamba_track_indices, mamba_steps_to_track, model,
+                   req_pool_indices)
+
+    _patch(hlab.HybridLinearAttnBackend, "update_mamba_state_after_mtp_verify", update_mamba_state_after_mtp_verify)
+
+    prepare = MambaComponent.prepare_for_caching_req
+
+    @functools.wraps(prepare)
+    def prepare_for_caching_req(self, req, insert_params, token_ids_len, is_finished):
+        if is_finished:
+            pool.flush_for_tree(self.cache.req_to_token_pool, req.kv.mamba_pool_idx)
+        return prepare(self, req, insert_params, token_ids_len, is_finished)
+
+    _patch(MambaComponent, "prepare_for_caching_req", prepare_for_caching_req)
+
+    backend_init = hlab.MambaAttnBackendBase.__init__
+
+    @functools.wraps(backend_init)
+    def __init__(self, model_runner):
+        backend_init(self, model_runner)
+        check_linear_backend(self)
+
+    _patch(hlab.MambaAttnBackendBase, "__init__", __init__)
+
+
+def check_linear_backend(backend) -> None:
+    """Refuse a linear-attention backend other than Mamba-2 on a replay pool (RuntimeError)."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+
+    if hasattr(backend.req_to_token_pool.mamba_pool, "replay") and not isinstance(backend, Mamba2AttnBackend):
+        raise RuntimeError(f"--replay-ssm: replayssm routes Mamba-2 layers only in SGLang; {type(backend).__name__} "
+                           "(GDN / KDA) routing is not built. Serve this model without --replay-ssm")
+
+
+def uninstall() -> None:
+    """Restore every patched SGLang attribute."""
+    while _saved:
+        owner, name, value = _saved.pop()
+        setattr(owner, name, value)
