@@ -30,7 +30,8 @@ def _dry_run(capsys, args):
 
 def test_dry_run_decode(environ, capsys):
     out = _dry_run(capsys, ["--replay-ssm", "--replay-read-format", "nvfp4", "--replay-window", "8"] + MODEL)
-    assert out["sglang_args"] == MODEL + ["--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer"]
+    assert out["sglang_args"] == MODEL + ["--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer",
+                                          "--disable-overlap-schedule"]
     assert out["replay"] == dict(window=8, max_draft_tokens=0, checkpoint_dtype="float32", read_format="nvfp4",
                                  ring_dtype="bfloat16", seed=0, ring_version=1)
     assert json.loads(environ[options.ENV_VAR]) == out["replay"]
@@ -40,7 +41,8 @@ def test_dry_run_decode(environ, capsys):
 def test_dry_run_spec_and_checkpoint_dtype(environ, capsys):
     out = _dry_run(capsys, ["--replay-ssm", "--replay-checkpoint-dtype", "float16_sr"] + MODEL + SPEC)
     assert out["replay"]["max_draft_tokens"] == 3
-    assert out["sglang_args"][-4:] == ["--mamba-ssm-dtype", "float16", "--mamba-radix-cache-strategy", "no_buffer"]
+    assert out["sglang_args"][-5:] == ["--mamba-ssm-dtype", "float16", "--mamba-radix-cache-strategy", "no_buffer",
+                                       "--disable-overlap-schedule"]
 
 
 def test_replay_off_passes_everything_through(environ, capsys):

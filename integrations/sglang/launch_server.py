@@ -76,6 +76,9 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
                          f"would need the ring and cursors); got {strategy}")
     if strategy is None and "--disable-radix-cache" not in rest:
         sglang_args += ["--mamba-radix-cache-strategy", "no_buffer"]
+        strategy = "no_buffer"
+    if strategy == "no_buffer" and "--disable-overlap-schedule" not in rest:
+        sglang_args += ["--disable-overlap-schedule"]          # SGLang's no_buffer needs it
     return json.loads(options.encode(cfg)), sglang_args, own.dry_run
 
 
