@@ -125,9 +125,12 @@ class Run:
         return worst, kept
 
     def accept(self, slots, accepted, kept):
-        """Commit ``accepted`` tokens; the oracle replays the kept prefix."""
+        """Commit ``accepted`` tokens in both pools; the oracle replays the kept prefix."""
         self.mp.replay.commit(slots, accepted)
         self.twin.commit(slots, accepted)
+        self.accept_oracle(slots, accepted, kept)
+
+    def accept_oracle(self, slots, accepted, kept):
         for layer, inp in enumerate(kept):
             for i, s in enumerate(slots.tolist()):
                 S = self.oracle[layer, s][None]
@@ -205,6 +208,64 @@ def test_verify_and_commit_match_step_recurrence():
         run.assert_ring_matches_twin()
     finally:
         hooks.uninstall()
+
+
+def _backends(req_pool, server_args):
+    """SGLang's real HybridLinearAttnBackend over a real Mamba2AttnBackend. ModelRunner needs a loaded
+    model, so the runner is a namespace with just the fields the backends' constructors read."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend, Mamba2AttnBackend
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    runner = SimpleNamespace(server_args=server_args, device="cpu", is_draft_worker=False, req_to_token_pool=req_pool,
+                             token_to_kv_pool=None)
+    return HybridLinearAttnBackend(TorchNativeAttnBackend(runner), Mamba2AttnBackend(runner), [0, 2]), runner
+
+
+def test_commit_after_verify_through_sglangs_backend(server_args):
+    from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
+    cfg = rs.ReplayConfig(window=4, ring_dtype="float32")
+    hooks.install(cfg)
+    try:
+        gen = torch.Generator().manual_seed(5)
+        run = Run(_req_pool(draft_tokens=3), cfg, gen)
+        backend, _ = _backends(run.req_pool, server_args)
+        slots = run.req_pool.mamba_allocator.alloc(2)
+        run.clear(slots)
+        run.prefill(slots)
+        caches = run.req_pool.get_speculative_mamba2_params_all_layers()
+        for accepted in ([3, 1], [2, 3], [1, 2]):
+            run.decode(slots)
+            err, kept = run.verify(slots, 3)
+            assert err < TOL["float32"], err
+            for w in caches.intermediate_conv_window:             # per-draft conv windows (may overlap)
+                w.copy_(torch.randn(w.shape, generator=gen))
+            windows = [w.clone() for w in caches.intermediate_conv_window]
+            backend.linear_attn_backend.forward_metadata = ForwardMetadata(
+                query_start_loc=torch.arange(3, dtype=torch.int32) * 3, mamba_cache_indices=slots.to(torch.int32))
+            steps = torch.tensor(accepted) - 1
+            backend.update_mamba_state_after_mtp_verify(steps, None, None, model=None)
+            run.twin.commit(slots, torch.tensor(accepted))
+            run.accept_oracle(slots, torch.tensor(accepted), kept)
+            for conv, new in zip(caches.conv, windows):            # conv rolled back to the last accepted token
+                for row, s in enumerate(slots.tolist()):
+                    assert torch.equal(conv[:, s], new[:, row, int(steps[row])])
+            assert run.req_pool.mamba_pool.replay.pending[:, slots].eq(0).all()
+        assert run.state_error(slots) < TOL["float32"]
+        run.assert_ring_matches_twin()
+        with pytest.raises(RuntimeError, match="mamba_track_indices: replayssm serves"):
+            backend.update_mamba_state_after_mtp_verify(steps, slots, steps, model=None)
+    finally:
+        hooks.uninstall()
+
+
+def test_linear_backends_other_than_mamba2_are_refused(server_args, replay_on):
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+    from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
+    _, runner = _backends(_req_pool(), server_args)
+    runner.linear_attn_backends = resolve_linear_attn_backends()
+    with pytest.raises(RuntimeError, match="--replay-ssm: replayssm routes Mamba-2 layers only in SGLang; GDNAttnBack"):
+        GDNAttnBackend(runner)
 
 
 def test_slot_events_follow_sglang_clear_copy_and_host_copy(replay_on):
