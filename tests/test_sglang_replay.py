@@ -349,3 +349,12 @@ def test_pool_refusals(replay_on):
     with pytest.raises(ValueError, match="enable_linear_replayssm: SGLang's own replay cannot run beside"):
         cls(size=4, spec_state_size=4, cache_params=_cache_params(), mamba_layer_ids=LAYERS, device="cpu",
             enable_linear_replayssm=True)
+
+
+def test_a_state_outside_a_replay_pool_is_refused(replay_on):
+    stray = torch.zeros(7, H, P, N)
+    inp = make_inputs(SPEC, Params(SPEC, 1, torch.Generator().manual_seed(6)), 0, 2, None,
+                      torch.Generator().manual_seed(6), gate=False)
+    args, kw = _sglang_args(inp, torch.tensor([1, 2]), torch.empty(2, H, P))
+    with pytest.raises(ValueError, match="state: not a layer of a ReplayMambaPool's temporal tensor"):
+        mamba_mod.selective_state_update(stray, *args, **kw)

@@ -3,7 +3,7 @@
 | target | patch |
 |---|---|
 | ``HybridReqToTokenPool.mamba_pool_cls`` | ``ReplayMambaPool`` bound to the config (set explicitly: a class REPLACE of ``MambaPool`` would not reach this attribute) |
-| ``layers.attention.mamba.mamba.selective_state_update`` (``MambaMixer2``'s call sites) | replay decode / verify on replay pool state, SGLang's kernel otherwise |
+| ``layers.attention.mamba.mamba.selective_state_update`` (``MambaMixer2``'s call sites) | replay decode / verify; a state outside a replay pool is refused |
 | ``MambaMixer2.forward`` | after a prefill wrote ``temporal``, reset those rows' rings and read copy |
 | ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
 | ``MambaComponent.prepare_for_caching_req`` | a finished request's slot is flushed before the radix tree takes it |
@@ -46,15 +46,7 @@ def install(cfg: ReplayConfig) -> None:
 
     _patch(memory_pool.HybridReqToTokenPool, "mamba_pool_cls", pool.pool_class(cfg))
 
-    kernel = mamba_mod.selective_state_update
-
-    @functools.wraps(kernel)
-    def selective_state_update(state, *args, **kwargs):
-        if pool.lookup(state) is None:
-            return kernel(state, *args, **kwargs)
-        return mamba2.replay_selective_state_update(state, *args, **kwargs)
-
-    _patch(mamba_mod, "selective_state_update", selective_state_update)
+    _patch(mamba_mod, "selective_state_update", mamba2.replay_selective_state_update)
 
     mixer_forward = mamba_mod.MambaMixer2.forward
 

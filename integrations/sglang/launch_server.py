@@ -29,6 +29,18 @@ from . import options
 # SGLang's storage dtype for the checkpoint (``temporal``) per replayssm checkpoint dtype
 _SSM_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16_sr": "float16"}
 _OWN_REPLAY_FLAGS = ("--enable-linear-replayssm", "--enable-linear-replayssm-spec", "--linear-replayssm-cache-len")
+# resolved SGLang settings replay refuses: field -> (flag, value that is fine, why)
+_REFUSED = {
+    "enable_unified_memory": ("--enable-unified-memory", False, "its mamba pool class is not the replay pool"),
+    "disaggregation_mode": ("--disaggregation-mode", "null", "PD transfer ships temporal without the ring"),
+    "enable_hierarchical_cache": ("--enable-hierarchical-cache", False,
+                                  "its host tier moves temporal without flushing the ring"),
+    "enable_int8_mamba_checkpoint": ("--enable-int8-mamba-checkpoint", False, "not verified with replay"),
+    "enable_mamba_cache_stochastic_rounding": ("--enable-mamba-cache-stochastic-rounding", False,
+                                               "use --replay-checkpoint-dtype float16_sr"),
+    "disable_cuda_graph": ("--disable-cuda-graph", True,
+                           "replay steps validate slots on the host, which CUDA-graph capture cannot take"),
+}
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
@@ -79,7 +91,17 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
         strategy = "no_buffer"
     if strategy == "no_buffer" and "--disable-overlap-schedule" not in rest:
         sglang_args += ["--disable-overlap-schedule"]          # SGLang's no_buffer needs it
+    if "--disable-cuda-graph" not in rest:
+        sglang_args += ["--disable-cuda-graph"]
     return json.loads(options.encode(cfg)), sglang_args, own.dry_run
+
+
+def check_server_args(server_args) -> None:
+    """SystemExit naming the flag when SGLang's resolved settings combine replay with what it does not serve."""
+    for field, (flag, fine, why) in _REFUSED.items():
+        value = getattr(server_args, field)
+        if value != fine:
+            raise SystemExit(f"{flag}: not served with --replay-ssm ({why}); got {value!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
         env[options.ENV_VAR] = json.dumps(replay, sort_keys=True)
         os.environ.update(env)
     server_args = prepare_server_args(sglang_args)          # SGLang's own strict parser
+    if replay is not None:
+        check_server_args(server_args)
     if dry_run:
         print(json.dumps(dict(sglang_args=sglang_args, replay=replay, env=env,
                               model_path=server_args.model_path), indent=1))

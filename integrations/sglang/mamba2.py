@@ -63,7 +63,8 @@ def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias
     """
     found = replay_pool.lookup(state)
     if found is None:
-        raise ValueError("state: not a layer of a ReplayMambaPool's temporal tensor")
+        raise ValueError("state: not a layer of a ReplayMambaPool's temporal tensor; with replay on every Mamba-2 "
+                         "state must come from HybridReqToTokenPool.mamba_pool_cls (other pool classes are not served)")
     owner, layer = found
     if dt_softplus is not True:
         raise ValueError(f"dt_softplus: replay applies softplus to dt + dt_bias; expected True, got {dt_softplus!r}")
