@@ -61,6 +61,7 @@ def test_replay_off_passes_everything_through(environ, capsys):
     (["--enable-hierarchical-cache"], "--enable-hierarchical-cache: not served with --replay-ssm"),
     (["--disaggregation-mode", "decode"], "--disaggregation-mode: not served with --replay-ssm"),
     (["--enable-mamba-cache-stochastic-rounding"], "--enable-mamba-cache-stochastic-rounding: not served"),
+    (["--enable-mixed-chunk"], "--enable-mixed-chunk: not served with --replay-ssm"),
 ])
 def test_refusals(environ, args, match):
     with pytest.raises(SystemExit, match=match):
