@@ -259,12 +259,12 @@ def test_commit_after_verify_through_sglangs_backend(server_args):
         hooks.uninstall()
 
 
-def test_linear_backends_other_than_mamba2_are_refused(server_args, replay_on):
+def test_a_gdn_backend_on_a_mamba2_pool_is_refused(server_args, replay_on):
     from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
     from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
     _, runner = _backends(_req_pool(), server_args)
     runner.linear_attn_backends = resolve_linear_attn_backends()
-    with pytest.raises(RuntimeError, match="--replay-ssm: replayssm routes Mamba-2 layers only in SGLang; GDNAttnBack"):
+    with pytest.raises(RuntimeError, match="GDNAttnBackend serves gdn layers but the replay pool was built for mamba2"):
         GDNAttnBackend(runner)
 
 

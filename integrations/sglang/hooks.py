@@ -7,7 +7,10 @@
 | ``MambaMixer2.forward`` | after a prefill wrote ``temporal``, reset those rows' rings and read copy |
 | ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
 | ``MambaComponent.prepare_for_caching_req`` | a finished request's slot is flushed before the radix tree takes it |
-| ``MambaAttnBackendBase.__init__`` | refuses linear backends other than Mamba-2 on a replay pool (GDN / KDA routing is not built) |
+| ``TritonGDNKernel.packed_decode`` (``GDNAttnBackend.forward_decode``'s kernel seam) | replay GDN decode |
+| ``TritonGDNKernel.decode`` / ``target_verify`` | refused (the unpacked decode and GDN verify are not routed) |
+| ``GDNAttnBackend.forward_extend`` | after a prefill wrote ``temporal``, reset those rows' rings and read copy |
+| ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, GDN with drafts or a non-Triton GDN decode kernel, and KDA |
 
 ``install`` is idempotent per process; ``uninstall`` restores SGLang's originals.
 """
@@ -18,7 +21,7 @@ import functools
 
 from replayssm import ReplayConfig
 
-from . import mamba2, pool
+from . import gdn, mamba2, pool
 
 _saved: list[tuple[object, str, object]] = []
 
@@ -40,6 +43,8 @@ def install(cfg: ReplayConfig) -> None:
     if _saved:
         return
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+    from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
     from sglang.srt.layers.attention.mamba import mamba as mamba_mod
     from sglang.srt.mem_cache import memory_pool
     from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
@@ -82,6 +87,26 @@ def install(cfg: ReplayConfig) -> None:
 
     _patch(MambaComponent, "prepare_for_caching_req", prepare_for_caching_req)
 
+    _patch(TritonGDNKernel, "packed_decode", gdn.replay_packed_decode)
+
+    def refused(self, *args, **kwargs):
+        raise RuntimeError("--replay-ssm: only GDN's packed decode is routed through replayssm; this GDN kernel "
+                           "path (unpacked decode or target_verify) is not")
+
+    _patch(TritonGDNKernel, "decode", refused)
+    _patch(TritonGDNKernel, "target_verify", refused)
+
+    gdn_extend = GDNAttnBackend.forward_extend
+
+    @functools.wraps(gdn_extend)
+    def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        result = gdn_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        pool.after_prefill(self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal,
+                           self.forward_metadata.mamba_cache_indices)
+        return result
+
+    _patch(GDNAttnBackend, "forward_extend", forward_extend)
+
     backend_init = hlab.MambaAttnBackendBase.__init__
 
     @functools.wraps(backend_init)
@@ -93,12 +118,29 @@ def install(cfg: ReplayConfig) -> None:
 
 
 def check_linear_backend(backend) -> None:
-    """Refuse a linear-attention backend other than Mamba-2 on a replay pool (RuntimeError)."""
+    """Refuse (RuntimeError) a linear-attention backend that replay does not serve on its pool."""
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
-    if hasattr(backend.req_to_token_pool.mamba_pool, "replay") and not isinstance(backend, Mamba2AttnBackend):
-        raise RuntimeError(f"--replay-ssm: replayssm routes Mamba-2 layers only in SGLang; {type(backend).__name__} "
-                           "(GDN / KDA) routing is not built. Serve this model without --replay-ssm")
+    owner = backend.req_to_token_pool.mamba_pool
+    if not hasattr(owner, "replay"):
+        return
+    name, spec = type(backend).__name__, owner.replay.spec
+    family = "mamba2" if isinstance(backend, Mamba2AttnBackend) else "gdn" if isinstance(backend, GDNAttnBackend) \
+        else None
+    if family is None:
+        raise RuntimeError(f"--replay-ssm: replayssm routes Mamba-2 and GDN layers in SGLang; {name} routing is not "
+                           "built. Serve this model without --replay-ssm")
+    if family != spec.family:
+        raise RuntimeError(f"--replay-ssm: {name} serves {family} layers but the replay pool was built for "
+                           f"{spec.family} from the model's cache parameters")
+    if family == "gdn":
+        if owner.replay.cfg.max_draft_tokens:
+            raise RuntimeError("--replay-ssm: GDN verify is not routed through replayssm yet; serve GDN models "
+                               "without speculative decoding")
+        decode = backend._model_runner.linear_attn_backends.decode.value
+        if decode != "triton":
+            raise RuntimeError(f"--linear-attn-decode-backend: replay routes GDN through the triton seam; got {decode}")
 
 
 def uninstall() -> None:

@@ -1,7 +1,8 @@
 """Replay state inside SGLang's mamba pool (sglang 0.5.23 ``MambaPool``).
 
 ``ReplayMambaPool`` is the class the plugin puts in ``HybridReqToTokenPool.mamba_pool_cls``.
-SGLang's own ``temporal`` tensor ``[layers, size + 1, H, P, N]`` (its checkpoint dtype) is the
+SGLang's own ``temporal`` tensor (its checkpoint dtype; Mamba-2 ``[layers, size + 1, H, P, N]``,
+GDN ``[layers, size + 1, HV, V, K]``, used through a transposed view) is the
 replay checkpoint, wrapped without a copy by one ``replayssm.StatePool`` per mamba pool; the
 ring, cursors and read copy are the StatePool's and follow every slot event SGLang issues:
 
@@ -29,14 +30,24 @@ from replayssm import LayerSpec, ReplayConfig, StatePool
 _BY_STATE: dict[tuple[int, tuple[int, ...]], tuple[weakref.ref, int]] = {}
 
 
-def mamba2_spec(cache_params) -> LayerSpec:
-    """The per-rank Mamba-2 ``LayerSpec`` of SGLang's ``Mamba2CacheParams`` (TP-sharded dims).
+def layer_spec(cache_params) -> LayerSpec:
+    """The per-rank ``LayerSpec`` of SGLang's cache parameters (TP-sharded dims).
 
-    temporal is ``(H, P, N)`` and the conv state ``(H*P + 2*G*N, K-1)`` per rank, so the local
-    group count is ``(conv_dim - H*P) / (2N)``.
+    SGLang describes Mamba-2 and GDN layers with the same ``Mamba2StateShape``; GDN models record
+    their q/k/v conv blocks in ``conv_shard_groups``, Mamba-2 models do not. GDN: temporal is
+    ``(HV, V, K)`` and ``num_k_heads_per_tp`` is HK. Mamba-2: temporal is ``(H, P, N)`` and the
+    conv state ``(H*P + 2*G*N, K-1)``, so the local group count is ``(conv_dim - H*P) / (2N)``.
+    The backend check in ``hooks`` refuses a model whose layers are not of this family.
     """
-    H, P, N = cache_params.shape.temporal
-    conv_dim = cache_params.shape.conv[0][0]
+    if getattr(cache_params, "is_kda", False):
+        raise ValueError("cache_params: KDA layers are not routed through replayssm in SGLang yet; serve this "
+                         "model without --replay-ssm")
+    shape = cache_params.shape
+    if shape.conv_shard_groups is not None:
+        hv, v, k = shape.temporal
+        return LayerSpec.gdn(num_k_heads=shape.num_k_heads_per_tp, num_v_heads=hv, head_k_dim=k, head_v_dim=v)
+    H, P, N = shape.temporal
+    conv_dim = shape.conv[0][0]
     groups, rest = divmod(conv_dim - H * P, 2 * N)
     if rest or groups <= 0:
         raise ValueError(f"cache_params: conv dim {conv_dim} is not H*P + 2*G*N for temporal {(H, P, N)}; "
@@ -65,7 +76,7 @@ def pool_class(cfg: ReplayConfig):
                     raise ValueError(f"{flag}: SGLang's own replay cannot run beside replayssm; drop "
                                      f"--{flag.replace('_', '-')} and use --replay-ssm")
             super().__init__(**kwargs)
-            spec = mamba2_spec(kwargs["cache_params"])
+            spec = layer_spec(kwargs["cache_params"])
             temporal = self.mamba_cache.temporal
             if temporal.dtype != cfg.torch_checkpoint_dtype:
                 raise ValueError(f"cache_params: SGLang stores the ssm state as {temporal.dtype}, replay checkpoint "
@@ -74,7 +85,7 @@ def pool_class(cfg: ReplayConfig):
             drafts = kwargs.get("speculative_num_draft_tokens")
             run_cfg = dataclasses.replace(cfg, max_draft_tokens=drafts - 1) if drafts else cfg
             self.replay = StatePool(spec, run_cfg, num_layers=temporal.shape[0], num_slots=temporal.shape[1],
-                                    device=temporal.device, checkpoint=temporal)
+                                    device=temporal.device, checkpoint=temporal, state_layout="vk")
             self.replay.allocated.fill_(True)  # SGLang's MambaSlotAllocator owns the slots
             for layer in range(temporal.shape[0]):
                 _BY_STATE[_key(temporal[layer])] = (weakref.ref(self), layer)
