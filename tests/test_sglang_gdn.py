@@ -117,23 +117,93 @@ def test_gdn_refusals(replay_on):
         TritonGDNKernel().packed_decode(*args, **kw, replayssm_g=torch.zeros(1))
     with pytest.raises(ValueError, match="num_v_heads, head_v_dim: the pool holds 4 heads of 8"):
         TritonGDNKernel().packed_decode(*args, **dict(kw, head_v_dim=16))
-    with pytest.raises(RuntimeError, match="only GDN's packed decode is routed"):
-        TritonGDNKernel().target_verify()
+    with pytest.raises(RuntimeError, match="GDN's unpacked decode is not routed"):
+        TritonGDNKernel().decode()
+    with pytest.raises(ValueError, match=r"q: expected \[1, 6, 2, 16\] \(n = 2 rows of T = 3 tokens\)"):
+        TritonGDNKernel().target_verify(kw["A_log"], kw["dt_bias"], torch.zeros(1, 5, HK, K), torch.zeros(1, 6, HK, K),
+                                        torch.zeros(1, 6, HV, V), torch.zeros(6, HV), torch.zeros(6, HV),
+                                        ssm_states=ssm_states, cache_indices=kw["cache_indices"], cache_steps=3)
 
 
-@pytest.mark.parametrize("draft_tokens", [None, 3])
-def test_gdn_backend_construction(server_args, replay_on, draft_tokens):
-    """SGLang's real GDNAttnBackend on a replay pool: served for decode, refused with drafts (GDN verify
-    is not routed). ModelRunner needs a loaded model: the runner is a namespace with the fields read."""
+def _runner(server_args, req_pool):
+    """ModelRunner needs a loaded model: a namespace with the fields the backends' constructors read."""
     from types import SimpleNamespace
 
-    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
     from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
-    runner = SimpleNamespace(server_args=server_args, device="cpu", is_draft_worker=False,
-                             req_to_token_pool=_req_pool(draft_tokens), token_to_kv_pool=None,
-                             linear_attn_backends=resolve_linear_attn_backends())
-    if draft_tokens is None:
-        assert isinstance(GDNAttnBackend(runner), GDNAttnBackend)
-    else:
-        with pytest.raises(RuntimeError, match="GDN verify is not routed through replayssm yet"):
-            GDNAttnBackend(runner)
+    return SimpleNamespace(server_args=server_args, device="cpu", is_draft_worker=False, req_to_token_pool=req_pool,
+                           token_to_kv_pool=None, linear_attn_backends=resolve_linear_attn_backends())
+
+
+def test_gdn_verify_and_commit_through_sglangs_backend(server_args):
+    """Verify through ``TritonGDNKernel.target_verify`` with the arguments GDNAttnBackend.forward_extend
+    passes, commit through SGLang's real HybridLinearAttnBackend over a real GDNAttnBackend."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+    from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+    from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    hooks.install(rs.ReplayConfig(window=4, ring_dtype="float32"))
+    try:
+        gen = torch.Generator().manual_seed(12)
+        req_pool = _req_pool(draft_tokens=3)
+        runner = _runner(server_args, req_pool)
+        backend = HybridLinearAttnBackend(TorchNativeAttnBackend(runner), GDNAttnBackend(runner), [1, 3])
+        mp = req_pool.mamba_pool
+        assert mp.replay.cfg.max_draft_tokens == 2
+        slots = req_pool.mamba_allocator.alloc(2)
+        mp.clear_slots(slots)
+        A_log = [torch.randn(HV, generator=gen) * 0.5 - 1 for _ in LAYERS]
+        dt_bias = [torch.randn(HV, generator=gen) for _ in LAYERS]
+        oracle = []
+        for layer, layer_id in enumerate(LAYERS):
+            state = torch.randn(2, HV, V, K, generator=gen) * 0.3
+            mp.mamba_cache.temporal[layer][slots] = state
+            replay_pool.after_prefill(req_pool.mamba2_layer_cache(layer_id).temporal, slots)
+            oracle.append(state.transpose(-1, -2).double())
+        T = 3
+        for accepted in ([2, 3], [3, 1], [1, 2], [3, 3]):
+            candidates = []
+            for layer, layer_id in enumerate(LAYERS):
+                mixed = torch.randn(2 * T, 2 * HK * K + HV * V, generator=gen)
+                a, b = torch.randn(2 * T, HV, generator=gen), torch.randn(2 * T, HV, generator=gen)
+                q, k, v = torch.split(mixed, [HK * K, HK * K, HV * V], dim=-1)   # as forward_extend splits
+                out = TritonGDNKernel().target_verify(
+                    A_log=A_log[layer], dt_bias=dt_bias[layer], q=q.view(1, 2 * T, HK, K),
+                    k=k.view(1, 2 * T, HK, K), v=v.view(1, 2 * T, HV, V), a=a, b=b,
+                    ssm_states=req_pool.mamba2_layer_cache(layer_id).temporal, cache_indices=slots.to(torch.int32),
+                    query_start_loc=torch.arange(3, dtype=torch.int32) * T,
+                    intermediate_states_buffer=mp.mamba_cache.intermediate_ssm[layer],
+                    intermediate_state_indices=torch.arange(2, dtype=torch.int32), cache_steps=T,
+                    retrieve_parent_token=None, stable_rows=False)
+                assert out.shape == (1, 2 * T, HV, V)
+                ref = _gating(mixed, a, b, A_log[layer], dt_bias[layer])
+                ref["beta"] = torch.sigmoid(b.double())                    # the verify kernel does not round beta
+                ys, states, S = [], [], oracle[layer]
+                for t in range(T):
+                    rows = {name: x.view(2, T, *x.shape[1:])[:, t] for name, x in ref.items()}
+                    y, S = step_oracle(SPEC, S, dict(rows, scale=K ** -0.5))
+                    ys.append(y)
+                    states.append(S)
+                assert rms_ratio(out[0].view(2, T, HV, V), torch.stack(ys, 1)) < TOL["float32"]
+                candidates.append(states)
+            backend.linear_attn_backend.forward_metadata = ForwardMetadata(
+                query_start_loc=torch.arange(3, dtype=torch.int32) * T, mamba_cache_indices=slots.to(torch.int32))
+            backend.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, None, None, model=None)
+            oracle = [torch.stack([states[acc - 1][i] for i, acc in enumerate(accepted)]) for states in candidates]
+        for layer in range(len(LAYERS)):
+            assert rms_ratio(mp.replay.read_state(layer, slots), oracle[layer]) < TOL["float32"]
+        assert mp.replay.pending[:, slots].eq(0).all()
+    finally:
+        hooks.uninstall()
+
+
+def test_gdn_backend_kernel_choice_is_checked(server_args, replay_on):
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+    from sglang.srt.layers.attention.linear.utils import LinearAttnBackends, LinearAttnKernelBackend
+    runner = _runner(server_args, _req_pool())
+    assert isinstance(GDNAttnBackend(runner), GDNAttnBackend)
+    triton = LinearAttnKernelBackend("triton")
+    runner.linear_attn_backends = LinearAttnBackends(decode=LinearAttnKernelBackend("flashinfer"), prefill=triton,
+                                                     verify=triton)
+    with pytest.raises(RuntimeError, match="--linear-attn-decode-backend: replay routes GDN through the triton"):
+        GDNAttnBackend(runner)

@@ -2,7 +2,7 @@
 
 ``launch_server`` (own options, SGLang flags, ``--dry-run``), the plugin entry point, and the
 adapters it installs: replay state in SGLang's mamba pool (``pool``), Mamba-2 decode / verify /
-commit routing (``mamba2``), GDN decode routing (``gdn``), and the class patches (``hooks``).
-GDN verify and KDA are refused.
+commit routing (``mamba2``), GDN decode / verify routing (``gdn``), and the class patches
+(``hooks``). KDA is refused.
 Nothing here imports sglang at import time.
 """

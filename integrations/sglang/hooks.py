@@ -7,10 +7,10 @@
 | ``MambaMixer2.forward`` | after a prefill wrote ``temporal``, reset those rows' rings and read copy |
 | ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
 | ``MambaComponent.prepare_for_caching_req`` | a finished request's slot is flushed before the radix tree takes it |
-| ``TritonGDNKernel.packed_decode`` (``GDNAttnBackend.forward_decode``'s kernel seam) | replay GDN decode |
-| ``TritonGDNKernel.decode`` / ``target_verify`` | refused (the unpacked decode and GDN verify are not routed) |
-| ``GDNAttnBackend.forward_extend`` | after a prefill wrote ``temporal``, reset those rows' rings and read copy |
-| ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, GDN with drafts or a non-Triton GDN decode kernel, and KDA |
+| ``TritonGDNKernel.packed_decode`` / ``target_verify`` (``GDNAttnBackend``'s kernel seam) | replay GDN decode / verify |
+| ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
+| ``GDNAttnBackend.forward_extend`` | after a prefill (not a verify) wrote ``temporal``, reset those rows' rings and read copy |
+| ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, GDN kernels other than Triton, and KDA |
 
 ``install`` is idempotent per process; ``uninstall`` restores SGLang's originals.
 """
@@ -89,20 +89,22 @@ def install(cfg: ReplayConfig) -> None:
 
     _patch(TritonGDNKernel, "packed_decode", gdn.replay_packed_decode)
 
+    _patch(TritonGDNKernel, "target_verify", gdn.replay_target_verify)
+
     def refused(self, *args, **kwargs):
-        raise RuntimeError("--replay-ssm: only GDN's packed decode is routed through replayssm; this GDN kernel "
-                           "path (unpacked decode or target_verify) is not")
+        raise RuntimeError("--replay-ssm: GDN's unpacked decode is not routed through replayssm (the packed "
+                           "decode is)")
 
     _patch(TritonGDNKernel, "decode", refused)
-    _patch(TritonGDNKernel, "target_verify", refused)
 
     gdn_extend = GDNAttnBackend.forward_extend
 
     @functools.wraps(gdn_extend)
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         result = gdn_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
-        pool.after_prefill(self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal,
-                           self.forward_metadata.mamba_cache_indices)
+        if not forward_batch.forward_mode.is_target_verify():
+            pool.after_prefill(self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal,
+                               self.forward_metadata.mamba_cache_indices)
         return result
 
     _patch(GDNAttnBackend, "forward_extend", forward_extend)
@@ -135,12 +137,12 @@ def check_linear_backend(backend) -> None:
         raise RuntimeError(f"--replay-ssm: {name} serves {family} layers but the replay pool was built for "
                            f"{spec.family} from the model's cache parameters")
     if family == "gdn":
-        if owner.replay.cfg.max_draft_tokens:
-            raise RuntimeError("--replay-ssm: GDN verify is not routed through replayssm yet; serve GDN models "
-                               "without speculative decoding")
-        decode = backend._model_runner.linear_attn_backends.decode.value
-        if decode != "triton":
-            raise RuntimeError(f"--linear-attn-decode-backend: replay routes GDN through the triton seam; got {decode}")
+        kernels = backend._model_runner.linear_attn_backends
+        for phase in ("decode", "verify"):
+            chosen = getattr(kernels, phase).value
+            if chosen != "triton":
+                raise RuntimeError(f"--linear-attn-{phase}-backend: replay routes GDN through the triton kernel seam; "
+                                   f"got {chosen}")
 
 
 def uninstall() -> None:

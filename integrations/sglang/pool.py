@@ -12,7 +12,8 @@ ring, cursors and read copy are the StatePool's and follow every slot event SGLa
 | ``copy_from`` (COW on a radix hit, no_buffer copy for the tree) | source flushed first, destination cursors reset and read copy re-derived |
 | ``get_cpu_copy`` (host tier / transfer) | slots flushed first, so the copy is the whole state |
 | ``load_cpu_copy`` | cursors reset, read copy re-derived |
-| prefill writing ``temporal`` (``after_prefill``, called by the mixer hook) | cursors of that layer reset, read copy re-derived |
+| prefill writing ``temporal`` (``after_prefill``, called by the mixer / backend hook) | cursors of that layer reset, read copy re-derived |
+| a finished request's slot donated to the radix tree (``flush_for_tree``, called by the ``MambaComponent`` hook) | slot flushed first |
 
 Slot allocation stays SGLang's (``MambaSlotAllocator``); every pool slot is open to the
 StatePool. Slot ``-1`` is SGLang's padding row, as in replayssm.
