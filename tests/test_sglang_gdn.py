@@ -53,12 +53,23 @@ def _gating(mixed, a, b, A_log, dt_bias):
     return dict(q=norm(q.view(n, HK, K)), k=norm(k.view(n, HK, K)), v=v.view(n, HV, V), g=g, beta=beta)
 
 
-def test_gdn_packed_decode_matches_step_recurrence(replay_on):
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_gdn_packed_decode_matches_step_recurrence(backend):
+    """Both StatePool backends behind the adapter (the Triton kernels in Triton's interpreter on a CPU)."""
+    hooks.install(rs.ReplayConfig(window=4, read_format="fp8", ring_dtype="float32"), backend=backend)
+    try:
+        _gdn_decode_run(backend)
+    finally:
+        hooks.uninstall()
+
+
+def _gdn_decode_run(backend):
     from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
     gen = torch.Generator().manual_seed(11)
     req_pool = _req_pool()
     mp = req_pool.mamba_pool
     assert mp.replay.spec == SPEC and mp.replay.checkpoint.data_ptr() == mp.mamba_cache.temporal.data_ptr()
+    assert mp.replay.backend == backend
     twin = rs.StatePool(SPEC, mp.replay.cfg, num_layers=2, num_slots=mp.size + 1, backend="reference")
     twin.allocated.fill_(True)
     slots = req_pool.mamba_allocator.alloc(3)
@@ -134,7 +145,8 @@ def _runner(server_args, req_pool):
                            token_to_kv_pool=None, linear_attn_backends=resolve_linear_attn_backends())
 
 
-def test_gdn_verify_and_commit_through_sglangs_backend(server_args):
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_gdn_verify_and_commit_through_sglangs_backend(server_args, backend):
     """Verify through ``TritonGDNKernel.target_verify`` with the arguments GDNAttnBackend.forward_extend
     passes, commit through SGLang's real HybridLinearAttnBackend over a real GDNAttnBackend."""
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
@@ -142,7 +154,7 @@ def test_gdn_verify_and_commit_through_sglangs_backend(server_args):
     from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
     from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-    hooks.install(rs.ReplayConfig(window=4, ring_dtype="float32"))
+    hooks.install(rs.ReplayConfig(window=4, ring_dtype="float32"), backend=backend)
     try:
         gen = torch.Generator().manual_seed(12)
         req_pool = _req_pool(draft_tokens=3)

@@ -175,9 +175,21 @@ def test_pool_wraps_sglang_temporal_without_copy(replay_on):
     assert mp.replay.read["codes"].dtype == torch.float8_e4m3fn
 
 
-def test_decode_through_sglang_call_site_matches_step_recurrence(replay_on):
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_decode_through_sglang_call_site_matches_step_recurrence(backend):
+    """Both StatePool backends behind the adapter (the Triton kernels in Triton's interpreter on a CPU)."""
+    cfg = rs.ReplayConfig(window=4, read_format="fp8", ring_dtype="float32")
+    hooks.install(cfg, backend=backend)
+    try:
+        _decode_run(cfg, backend)
+    finally:
+        hooks.uninstall()
+
+
+def _decode_run(cfg, backend):
     gen = torch.Generator().manual_seed(0)
-    run = Run(_req_pool(), replay_on, gen)
+    run = Run(_req_pool(), cfg, gen)
+    assert run.mp.replay.backend == backend
     slots = run.req_pool.mamba_allocator.alloc(3)
     run.clear(slots)
     run.prefill(slots)
@@ -189,9 +201,10 @@ def test_decode_through_sglang_call_site_matches_step_recurrence(replay_on):
     run.assert_ring_matches_twin()
 
 
-def test_verify_and_commit_match_step_recurrence():
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_verify_and_commit_match_step_recurrence(backend):
     cfg = rs.ReplayConfig(window=4, ring_dtype="float32")
-    hooks.install(cfg)
+    hooks.install(cfg, backend=backend)
     try:
         gen = torch.Generator().manual_seed(1)
         run = Run(_req_pool(draft_tokens=3), cfg, gen)

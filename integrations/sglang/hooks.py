@@ -36,8 +36,11 @@ def installed() -> bool:
     return bool(_saved)
 
 
-def install(cfg: ReplayConfig) -> None:
-    """Patch SGLang's classes for replay with ``cfg`` (no-op if already installed)."""
+def install(cfg: ReplayConfig, backend: str = "auto") -> None:
+    """Patch SGLang's classes for replay with ``cfg`` (no-op if already installed).
+
+    ``backend``: the StatePool backend of the replay pools ("auto", "reference", "triton").
+    """
     if not isinstance(cfg, ReplayConfig):
         raise TypeError(f"cfg: expected a ReplayConfig, got {type(cfg).__name__}")
     if _saved:
@@ -49,7 +52,7 @@ def install(cfg: ReplayConfig) -> None:
     from sglang.srt.mem_cache import memory_pool
     from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 
-    _patch(memory_pool.HybridReqToTokenPool, "mamba_pool_cls", pool.pool_class(cfg))
+    _patch(memory_pool.HybridReqToTokenPool, "mamba_pool_cls", pool.pool_class(cfg, backend))
 
     _patch(mamba_mod, "selective_state_update", mamba2.replay_selective_state_update)
 

@@ -56,8 +56,9 @@ def layer_spec(cache_params) -> LayerSpec:
     return LayerSpec.mamba2(num_heads=H, head_dim=P, state_dim=N, num_groups=groups)
 
 
-def pool_class(cfg: ReplayConfig):
-    """A ``ReplayMambaPool`` subclass bound to ``cfg`` (what the plugin installs)."""
+def pool_class(cfg: ReplayConfig, backend: str = "auto"):
+    """A ``ReplayMambaPool`` subclass bound to ``cfg`` and the StatePool ``backend`` (what the plugin
+    installs; "auto": the Triton kernels on CUDA, the reference elsewhere)."""
     if not isinstance(cfg, ReplayConfig):
         raise TypeError(f"cfg: expected a ReplayConfig, got {type(cfg).__name__}")
     from sglang.srt.mem_cache.memory_pool import MambaPool
@@ -86,7 +87,8 @@ def pool_class(cfg: ReplayConfig):
             drafts = kwargs.get("speculative_num_draft_tokens")
             run_cfg = dataclasses.replace(cfg, max_draft_tokens=drafts - 1) if drafts else cfg
             self.replay = StatePool(spec, run_cfg, num_layers=temporal.shape[0], num_slots=temporal.shape[1],
-                                    device=temporal.device, checkpoint=temporal, state_layout="vk")
+                                    device=temporal.device, backend=backend, checkpoint=temporal,
+                                    state_layout="vk")
             self.replay.allocated.fill_(True)  # SGLang's MambaSlotAllocator owns the slots
             for layer in range(temporal.shape[0]):
                 _BY_STATE[_key(temporal[layer])] = (weakref.ref(self), layer)
