@@ -161,6 +161,9 @@ def test_replay_off_leaves_sglang_untouched():
     assert type(mp) is MambaPool and not hasattr(mp, "replay") and mp.replayssm_write_pos is None
     hooks.install(rs.ReplayConfig())
     assert HybridReqToTokenPool.mamba_pool_cls is not MambaPool and mamba_mod.selective_state_update is not kernel
+    hooks.install(rs.ReplayConfig())                         # same config: a no-op
+    with pytest.raises(ValueError, match="cfg: replay is installed with"):
+        hooks.install(rs.ReplayConfig(window=8))
     hooks.uninstall()
     assert HybridReqToTokenPool.mamba_pool_cls is MambaPool and mamba_mod.selective_state_update is kernel
     assert mamba_mod.MambaMixer2.forward is forward

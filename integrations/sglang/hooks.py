@@ -37,13 +37,18 @@ def installed() -> bool:
 
 
 def install(cfg: ReplayConfig, backend: str = "auto") -> None:
-    """Patch SGLang's classes for replay with ``cfg`` (no-op if already installed).
+    """Patch SGLang's classes for replay with ``cfg`` (no-op if already installed with the same).
 
     ``backend``: the StatePool backend of the replay pools ("auto", "reference", "triton").
     """
     if not isinstance(cfg, ReplayConfig):
         raise TypeError(f"cfg: expected a ReplayConfig, got {type(cfg).__name__}")
     if _saved:
+        from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+        current = HybridReqToTokenPool.mamba_pool_cls
+        if (current.replay_cfg, current.replay_backend) != (cfg, backend):
+            raise ValueError(f"cfg: replay is installed with {current.replay_cfg} (backend "
+                             f"{current.replay_backend!r}); uninstall first")
         return
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
     from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend

@@ -71,6 +71,7 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
         """
 
         replay_cfg = cfg
+        replay_backend = backend
 
         def __init__(self, **kwargs):
             for flag in ("enable_linear_replayssm", "enable_linear_replayssm_spec"):
