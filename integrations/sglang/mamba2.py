@@ -94,12 +94,12 @@ def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias
 
 
 def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_track_indices,
-                        mamba_steps_to_track, req_pool_indices=None) -> bool:
+                        req_pool_indices=None) -> bool:
     """Replay's commit in place of SGLang's ``intermediate_ssm`` scatter; False when the pool is not replay.
 
     ``backend`` is SGLang's ``HybridLinearAttnBackend``; ``last_correct_step_indices`` int ``[bs]``
-    (accepted tokens - 1, the bonus token counted). The conv windows roll back as in SGLang; the
-    ssm side keeps the first ``last_correct_step_indices + 1`` verified tokens of every layer by
+    (accepted tokens - 1, the bonus token counted). The conv windows (and SGLang's per-slot side
+    states) roll back as in SGLang; the ssm side keeps the first ``last_correct_step_indices + 1`` verified tokens of every layer by
     moving the cursors (``StatePool.commit``). extra_buffer tracking (``mamba_track_indices``) is
     refused: its track slots would need ring and cursor copies.
     """
@@ -127,5 +127,6 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_
         else:
             hlab.HybridLinearAttnBackend._scatter_speculative_state_with_mask(
                 conv, window, slots, last_correct_step_indices, src_rows)
+    backend._update_ple_state_after_mtp_verify(slots, last_correct_step_indices, None, None, src_rows)
     owner.replay.commit(replay_pool._slots(owner.replay, slots), last_correct_step_indices + 1)
     return True
