@@ -10,7 +10,11 @@
 | ``TritonGDNKernel.packed_decode`` / ``target_verify`` (``GDNAttnBackend``'s kernel seam) | replay GDN decode / verify |
 | ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
 | ``GDNAttnBackend.forward_extend`` | after a prefill (not a verify) wrote ``temporal``, reset those rows' rings and read copy |
-| ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, GDN kernels other than Triton, and KDA |
+| ``TritonKDAKernel.packed_decode`` / ``decode`` (``KDAAttnBackend``'s kernel seam) | replay KDA decode |
+| ``TritonKDAKernel.target_verify`` | refused (KDA verify is not routed) |
+| ``kda_fused_decode.covered`` | False: K3's fused conv + decode kernel would update the state past the seam |
+| ``KDAAttnBackend.forward_extend`` | after a prefill wrote ``temporal``, reset those rows' rings and read copy |
+| ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, GDN / KDA kernels other than Triton, and KDA with drafts |
 
 ``install`` is idempotent per process; ``uninstall`` restores SGLang's originals.
 """
@@ -21,7 +25,7 @@ import functools
 
 from replayssm import ReplayConfig
 
-from . import gdn, mamba2, pool
+from . import gdn, kda, mamba2, pool
 
 _saved: list[tuple[object, str, object]] = []
 
@@ -51,8 +55,11 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
                              f"{current.replay_backend!r}); uninstall first")
         return
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
+    from sglang.kernels.ops.attention import kda_fused_decode
     from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+    from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
     from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+    from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
     from sglang.srt.layers.attention.mamba import mamba as mamba_mod
     from sglang.srt.mem_cache import memory_pool
     from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
@@ -104,17 +111,21 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
 
     _patch(TritonGDNKernel, "decode", refused)
 
-    gdn_extend = GDNAttnBackend.forward_extend
+    _patch(TritonKDAKernel, "packed_decode", kda.replay_packed_decode)
+    _patch(TritonKDAKernel, "decode", kda.replay_decode)
 
-    @functools.wraps(gdn_extend)
-    def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
-        result = gdn_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
-        if not forward_batch.forward_mode.is_target_verify():
-            pool.after_prefill(self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal,
-                               self.forward_metadata.mamba_cache_indices)
-        return result
+    def kda_verify_refused(self, *args, **kwargs):
+        raise RuntimeError("--replay-ssm: KDA verify is not routed through replayssm")
 
-    _patch(GDNAttnBackend, "forward_extend", forward_extend)
+    _patch(TritonKDAKernel, "target_verify", kda_verify_refused)
+
+    def fused_decode_not_covered(*args, **kwargs):
+        return False
+
+    _patch(kda_fused_decode, "covered", fused_decode_not_covered)
+
+    for backend_cls in (GDNAttnBackend, KDAAttnBackend):
+        _patch(backend_cls, "forward_extend", _refresh_after_prefill(backend_cls.forward_extend))
 
     backend_init = hlab.MambaAttnBackendBase.__init__
 
@@ -126,30 +137,48 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
     _patch(hlab.MambaAttnBackendBase, "__init__", __init__)
 
 
+def _refresh_after_prefill(extend):
+    """A GDN / KDA ``forward_extend`` that resets the prefill rows' rings and read copy afterwards."""
+
+    @functools.wraps(extend)
+    def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        result = extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        if not forward_batch.forward_mode.is_target_verify():
+            pool.after_prefill(self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal,
+                               self.forward_metadata.mamba_cache_indices)
+        return result
+
+    return forward_extend
+
+
 def check_linear_backend(backend) -> None:
     """Refuse (RuntimeError) a linear-attention backend that replay does not serve on its pool."""
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
     from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+    from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
 
     owner = backend.req_to_token_pool.mamba_pool
     if not hasattr(owner, "replay"):
         return
     name, spec = type(backend).__name__, owner.replay.spec
-    family = "mamba2" if isinstance(backend, Mamba2AttnBackend) else "gdn" if isinstance(backend, GDNAttnBackend) \
-        else None
+    families = ((Mamba2AttnBackend, "mamba2"), (GDNAttnBackend, "gdn"), (KDAAttnBackend, "kda"))
+    family = next((f for cls, f in families if isinstance(backend, cls)), None)
     if family is None:
-        raise RuntimeError(f"--replay-ssm: replayssm routes Mamba-2 and GDN layers in SGLang; {name} routing is not "
-                           "built. Serve this model without --replay-ssm")
+        raise RuntimeError(f"--replay-ssm: replayssm routes Mamba-2, GDN and KDA layers in SGLang; {name} routing is "
+                           "not built. Serve this model without --replay-ssm")
     if family != spec.family:
         raise RuntimeError(f"--replay-ssm: {name} serves {family} layers but the replay pool was built for "
                            f"{spec.family} from the model's cache parameters")
-    if family == "gdn":
+    if family == "kda" and owner.replay.cfg.max_draft_tokens:
+        raise RuntimeError("--replay-ssm: KDA verify is not routed through replayssm; serve KDA models without "
+                           "speculative decoding")
+    if family != "mamba2":
         kernels = backend._model_runner.linear_attn_backends
-        for phase in ("decode", "verify"):
+        for phase in ("decode", "verify") if family == "gdn" else ("decode",):
             chosen = getattr(kernels, phase).value
             if chosen != "triton":
-                raise RuntimeError(f"--linear-attn-{phase}-backend: replay routes GDN through the triton kernel seam; "
-                                   f"got {chosen}")
+                raise RuntimeError(f"--linear-attn-{phase}-backend: replay routes {family.upper()} through the triton "
+                                   f"kernel seam; got {chosen}")
 
 
 def uninstall() -> None:

@@ -2,7 +2,7 @@
 
 ``ReplayMambaPool`` is the class the plugin puts in ``HybridReqToTokenPool.mamba_pool_cls``.
 SGLang's own ``temporal`` tensor (its checkpoint dtype; Mamba-2 ``[layers, size + 1, H, P, N]``,
-GDN ``[layers, size + 1, HV, V, K]``, used through a transposed view) is the
+GDN / KDA ``[layers, size + 1, HV, V, K]``, used through a transposed view) is the
 replay checkpoint, wrapped without a copy by one ``replayssm.StatePool`` per mamba pool; the
 ring, cursors and read copy are the StatePool's and follow every slot event SGLang issues:
 
@@ -34,16 +34,16 @@ _BY_STATE: dict[tuple[int, tuple[int, ...]], tuple[weakref.ref, int]] = {}
 def layer_spec(cache_params) -> LayerSpec:
     """The per-rank ``LayerSpec`` of SGLang's cache parameters (TP-sharded dims).
 
-    SGLang describes Mamba-2 and GDN layers with the same ``Mamba2StateShape``; GDN models record
-    their q/k/v conv blocks in ``conv_shard_groups``, Mamba-2 models do not. GDN: temporal is
-    ``(HV, V, K)`` and ``num_k_heads_per_tp`` is HK. Mamba-2: temporal is ``(H, P, N)`` and the
+    KDA has its own parameters (``is_kda``). SGLang describes Mamba-2 and GDN layers with the same
+    ``Mamba2StateShape``; GDN models record their q/k/v conv blocks in ``conv_shard_groups``,
+    Mamba-2 models do not. GDN / KDA: temporal is ``(HV, V, K)`` and ``num_k_heads_per_tp`` is HK. Mamba-2: temporal is ``(H, P, N)`` and the
     conv state ``(H*P + 2*G*N, K-1)``, so the local group count is ``(conv_dim - H*P) / (2N)``.
     The backend check in ``hooks`` refuses a model whose layers are not of this family.
     """
-    if getattr(cache_params, "is_kda", False):
-        raise ValueError("cache_params: KDA layers are not routed through replayssm in SGLang yet; serve this "
-                         "model without --replay-ssm")
     shape = cache_params.shape
+    if getattr(cache_params, "is_kda", False):
+        hv, v, k = shape.temporal
+        return LayerSpec.kda(num_k_heads=shape.num_k_heads_per_tp, num_v_heads=hv, head_k_dim=k, head_v_dim=v)
     if shape.conv_shard_groups is not None:
         hv, v, k = shape.temporal
         return LayerSpec.gdn(num_k_heads=shape.num_k_heads_per_tp, num_v_heads=hv, head_k_dim=k, head_v_dim=v)
