@@ -361,6 +361,12 @@ def test_bad_call_site_arguments_are_named(replay_on, change, match):
 def test_pool_refusals(replay_on):
     with pytest.raises(ValueError, match="cache_params: SGLang stores the ssm state as torch.bfloat16"):
         _req_pool(dtype=torch.bfloat16)
+    empty = Mamba2CacheParams(shape=Mamba2StateShape.create_full_rank(tp_world_size=1, intermediate_size=0,
+                                                                     state_size=N, conv_kernel=4),
+                              layers=LAYERS, dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
+    with pytest.raises(ValueError, match=r"cache_params: temporal \(0, 1, 16\) is empty"):
+        HybridReqToTokenPool.mamba_pool_cls(size=4, spec_state_size=4, cache_params=empty, mamba_layer_ids=LAYERS,
+                                            device="cpu")
     cls = HybridReqToTokenPool.mamba_pool_cls
     with pytest.raises(ValueError, match="enable_linear_replayssm: SGLang's own replay cannot run beside"):
         cls(size=4, spec_state_size=4, cache_params=_cache_params(), mamba_layer_ids=LAYERS, device="cpu",

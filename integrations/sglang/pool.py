@@ -41,6 +41,9 @@ def layer_spec(cache_params) -> LayerSpec:
     The backend check in ``hooks`` refuses a model whose layers are not of this family.
     """
     shape = cache_params.shape
+    if 0 in shape.temporal:
+        raise ValueError(f"cache_params: temporal {tuple(shape.temporal)} is empty (no recurrent state, e.g. a "
+                         "short-conv model); replay does not apply, serve it without --replay-ssm")
     if getattr(cache_params, "is_kda", False):
         hv, v, k = shape.temporal
         return LayerSpec.kda(num_k_heads=shape.num_k_heads_per_tp, num_v_heads=hv, head_k_dim=k, head_v_dim=v)
@@ -141,7 +144,8 @@ def lookup(ssm_state: torch.Tensor):
 def after_prefill(ssm_state: torch.Tensor, prefill_slots: torch.Tensor) -> None:
     """Prefill wrote ``ssm_state[prefill_slots]`` itself: reset those rows of that layer (updated in place).
 
-    ``ssm_state``: one layer of a ``ReplayMambaPool``'s ``temporal``, ``[size + 1, H, P, N]``;
+    ``ssm_state``: one layer of a ``ReplayMambaPool``'s ``temporal``, ``[size + 1, H, P, N]`` (Mamba-2)
+    or ``[size + 1, HV, V, K]`` (GDN / KDA);
     ``prefill_slots``: int32/int64 ``[n]``. A state that belongs to no replay pool is left alone.
     """
     found = lookup(ssm_state)
