@@ -101,33 +101,107 @@ def test_kda_decode_matches_step_recurrence(path, backend, lower_bound):
         hooks.uninstall()
 
 
-def test_kda_refusals(server_args):
+def _runner(server_args, req_pool):
+    """ModelRunner needs a loaded model: a namespace with the fields the backends' constructors read."""
     from types import SimpleNamespace
 
+    from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
+    return SimpleNamespace(server_args=server_args, device="cpu", is_draft_worker=False, req_to_token_pool=req_pool,
+                           token_to_kv_pool=None, linear_attn_backends=resolve_linear_attn_backends())
+
+
+@pytest.mark.parametrize("backend,lower_bound", [("reference", None), ("triton", -5.0)])
+def test_kda_verify_and_commit_through_sglangs_backend(server_args, backend, lower_bound):
+    """Verify through ``TritonKDAKernel.target_verify`` with the arguments KDAAttnBackend's chain verify
+    passes, commit through SGLang's real HybridLinearAttnBackend over a real KDAAttnBackend."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+    from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+    from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
+    from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    hooks.install(rs.ReplayConfig(window=4, ring_dtype="float32"), backend=backend)
+    try:
+        gen = torch.Generator().manual_seed(22)
+        req_pool = _req_pool(draft_tokens=3)
+        runner = _runner(server_args, req_pool)
+        hybrid = HybridLinearAttnBackend(TorchNativeAttnBackend(runner), KDAAttnBackend(runner), [1, 2])
+        mp = req_pool.mamba_pool
+        assert mp.replay.cfg.max_draft_tokens == 2 and mp.replay.backend == backend
+        assert hybrid.linear_attn_backend._can_run_fused_chain_verify() is False
+        slots = req_pool.mamba_allocator.alloc(2)
+        mp.clear_slots(slots)
+        A_log = [torch.randn(HV, generator=gen) * 0.5 - 1 for _ in LAYERS]
+        dt_bias = [torch.randn(HV * D, generator=gen) for _ in LAYERS]
+        oracle = []
+        for layer, layer_id in enumerate(LAYERS):
+            state = torch.randn(2, HV, D, D, generator=gen) * 0.3
+            mp.mamba_cache.temporal[layer][slots] = state
+            replay_pool.after_prefill(req_pool.mamba2_layer_cache(layer_id).temporal, slots)
+            oracle.append(state.transpose(-1, -2).double())
+        T = 3
+        for accepted in ([2, 3], [3, 1], [1, 2], [3, 3]):
+            candidates = []
+            for layer, layer_id in enumerate(LAYERS):
+                mixed = torch.randn(2 * T, 2 * HK * D + HV * D, generator=gen)
+                a, b = torch.randn(2 * T, HV * D, generator=gen), torch.randn(1, 2 * T, HV, generator=gen)
+                q, k, v = mixed.split([HK * D, HK * D, HV * D], dim=-1)   # as _forward_target_verify splits
+                out = TritonKDAKernel().target_verify(
+                    A_log=A_log[layer], dt_bias=dt_bias[layer], q=q.unflatten(-1, (-1, D)).unsqueeze(0),
+                    k=k.unflatten(-1, (-1, D)).unsqueeze(0), v=v.unflatten(-1, (-1, D)).unsqueeze(0), a=a, b=b,
+                    ssm_states=req_pool.mamba2_layer_cache(layer_id).temporal, cache_indices=slots.to(torch.int32),
+                    query_start_loc=torch.arange(3, dtype=torch.int32) * T,
+                    intermediate_states_buffer=mp.mamba_cache.intermediate_ssm[layer],
+                    intermediate_state_indices=torch.arange(2, dtype=torch.int32), cache_steps=T,
+                    retrieve_parent_token=None, lower_bound=lower_bound)
+                assert out.shape == (1, 2 * T, HV, D)
+                ref = _gating(mixed, a, b, A_log[layer], dt_bias[layer], lower_bound)
+                ys, states, S = [], [], oracle[layer]
+                for t in range(T):
+                    rows = {name: x.view(2, T, *x.shape[1:])[:, t] for name, x in ref.items()}
+                    y, S = step_oracle(SPEC, S, dict(rows, scale=D ** -0.5))
+                    ys.append(y)
+                    states.append(S)
+                assert rms_ratio(out[0].view(2, T, HV, D), torch.stack(ys, 1)) < TOL["float32"]
+                candidates.append(states)
+            hybrid.linear_attn_backend.forward_metadata = ForwardMetadata(
+                query_start_loc=torch.arange(3, dtype=torch.int32) * T, mamba_cache_indices=slots.to(torch.int32))
+            hybrid.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, None, None, model=None)
+            oracle = [torch.stack([states[acc - 1][i] for i, acc in enumerate(accepted)]) for states in candidates]
+        for layer in range(len(LAYERS)):
+            assert rms_ratio(mp.replay.read_state(layer, slots), oracle[layer]) < TOL["float32"]
+        assert mp.replay.pending[:, slots].eq(0).all()
+    finally:
+        hooks.uninstall()
+
+
+def test_kda_refusals(server_args):
     from sglang.kernels.ops.attention import kda_fused_decode
     from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
     from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
-    from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
+    from sglang.srt.layers.attention.linear.utils import LinearAttnBackends, LinearAttnKernelBackend
     covered = kda_fused_decode.covered
     hooks.install(rs.ReplayConfig(window=4, ring_dtype="float32"))
     try:
         assert kda_fused_decode.covered() is False                       # K3's fused decode stays off
-        runner = SimpleNamespace(server_args=server_args, device="cpu", is_draft_worker=False,
-                                 req_to_token_pool=_req_pool(draft_tokens=3), token_to_kv_pool=None,
-                                 linear_attn_backends=resolve_linear_attn_backends())
-        with pytest.raises(RuntimeError, match="KDA verify is not routed through replayssm; serve KDA models"):
-            KDAAttnBackend(runner)
-        runner.req_to_token_pool = _req_pool()
-        assert isinstance(KDAAttnBackend(runner), KDAAttnBackend)      # decode only: served
-        with pytest.raises(RuntimeError, match="KDA verify is not routed"):
-            TritonKDAKernel().target_verify()
         req_pool = _req_pool()
+        runner = _runner(server_args, req_pool)
+        assert isinstance(KDAAttnBackend(runner), KDAAttnBackend)
+        triton = LinearAttnKernelBackend("triton")
+        runner.linear_attn_backends = LinearAttnBackends(decode=triton, prefill=triton,
+                                                         verify=LinearAttnKernelBackend("flashinfer"))
+        with pytest.raises(RuntimeError, match="--linear-attn-verify-backend: replay routes KDA through the triton"):
+            KDAAttnBackend(runner)
         ssm_states = req_pool.mamba2_layer_cache(LAYERS[0]).temporal
         with pytest.raises(ValueError, match=r"a: expected \[2, 64\] or \[2, 4, 16\]"):
             TritonKDAKernel().packed_decode(torch.zeros(2, 2 * HK * D + HV * D), torch.zeros(2, 63), torch.zeros(2, HV),
                                             A_log=torch.zeros(HV), dt_bias=torch.zeros(HV * D), scale=0.25,
                                             ssm_states=ssm_states, cache_indices=torch.tensor([1, 2]),
                                             num_v_heads=HV, head_v_dim=D)
+        with pytest.raises(ValueError, match=r"q: expected \[1, 6, 2, 16\] \(n = 2 rows of T = 3 tokens, a dense"):
+            TritonKDAKernel().target_verify(torch.zeros(HV), torch.zeros(HV * D), torch.zeros(1, 5, HK, D),
+                                            torch.zeros(1, 6, HK, D), torch.zeros(1, 6, HV, D), torch.zeros(6, HV * D),
+                                            torch.zeros(1, 6, HV), ssm_states=ssm_states,
+                                            cache_indices=torch.tensor([1, 2]), cache_steps=3)
     finally:
         hooks.uninstall()
     assert kda_fused_decode.covered is covered

@@ -2,7 +2,7 @@
 
 ``launch_server`` (own options, SGLang flags, ``--dry-run``), the plugin entry point, and the
 adapters it installs: replay state in SGLang's mamba pool (``pool``), Mamba-2 decode / verify /
-commit routing (``mamba2``), GDN decode / verify routing (``gdn``), KDA decode routing
-(``kda``), and the class patches (``hooks``). KDA verify is refused.
+commit routing (``mamba2``), GDN and KDA decode / verify routing (``gdn``, ``kda``), and the
+class patches (``hooks``).
 Nothing here imports sglang at import time.
 """

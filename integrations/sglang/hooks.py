@@ -10,11 +10,10 @@
 | ``TritonGDNKernel.packed_decode`` / ``target_verify`` (``GDNAttnBackend``'s kernel seam) | replay GDN decode / verify |
 | ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
 | ``GDNAttnBackend.forward_extend`` | after a prefill (not a verify) wrote ``temporal``, reset those rows' rings and read copy |
-| ``TritonKDAKernel.packed_decode`` / ``decode`` (``KDAAttnBackend``'s kernel seam) | replay KDA decode |
-| ``TritonKDAKernel.target_verify`` | refused (KDA verify is not routed) |
-| ``kda_fused_decode.covered`` | False: K3's fused conv + decode kernel would update the state past the seam |
-| ``KDAAttnBackend.forward_extend`` | after a prefill wrote ``temporal``, reset those rows' rings and read copy |
-| ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, GDN / KDA kernels other than Triton, and KDA with drafts |
+| ``TritonKDAKernel.packed_decode`` / ``decode`` / ``target_verify`` (``KDAAttnBackend``'s kernel seam) | replay KDA decode / verify |
+| ``kda_fused_decode.covered``, ``KDAAttnBackend._can_run_fused_chain_verify`` / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
+| ``KDAAttnBackend.forward_extend`` | after a prefill (not a verify) wrote ``temporal``, reset those rows' rings and read copy |
+| ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, and GDN / KDA kernels other than Triton |
 
 ``install`` is idempotent per process; ``uninstall`` restores SGLang's originals.
 """
@@ -114,15 +113,16 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
     _patch(TritonKDAKernel, "packed_decode", kda.replay_packed_decode)
     _patch(TritonKDAKernel, "decode", kda.replay_decode)
 
-    def kda_verify_refused(self, *args, **kwargs):
-        raise RuntimeError("--replay-ssm: KDA verify is not routed through replayssm")
+    _patch(TritonKDAKernel, "target_verify", kda.replay_target_verify)
 
-    _patch(TritonKDAKernel, "target_verify", kda_verify_refused)
-
-    def fused_decode_not_covered(*args, **kwargs):
+    def not_taken(*args, **kwargs):
         return False
 
-    _patch(kda_fused_decode, "covered", fused_decode_not_covered)
+    # SGLang's fused KDA variants update the state past the kernel seam: K3's conv + decode kernel
+    # and the DSPARK / fused conv + gating chain verify kernels
+    _patch(kda_fused_decode, "covered", not_taken)
+    _patch(KDAAttnBackend, "_can_run_fused_chain_verify", not_taken)
+    _patch(KDAAttnBackend, "_can_run_dspark_cutedsl_mtp", not_taken)
 
     for backend_cls in (GDNAttnBackend, KDAAttnBackend):
         _patch(backend_cls, "forward_extend", _refresh_after_prefill(backend_cls.forward_extend))
@@ -169,12 +169,9 @@ def check_linear_backend(backend) -> None:
     if family != spec.family:
         raise RuntimeError(f"--replay-ssm: {name} serves {family} layers but the replay pool was built for "
                            f"{spec.family} from the model's cache parameters")
-    if family == "kda" and owner.replay.cfg.max_draft_tokens:
-        raise RuntimeError("--replay-ssm: KDA verify is not routed through replayssm; serve KDA models without "
-                           "speculative decoding")
     if family != "mamba2":
         kernels = backend._model_runner.linear_attn_backends
-        for phase in ("decode", "verify") if family == "gdn" else ("decode",):
+        for phase in ("decode", "verify"):
             chosen = getattr(kernels, phase).value
             if chosen != "triton":
                 raise RuntimeError(f"--linear-attn-{phase}-backend: replay routes {family.upper()} through the triton "

@@ -1,12 +1,15 @@
-"""KDA decode routing at SGLang's kernel seam (sglang 0.5.23, ``layers/attention/linear/kernels/kda_triton.py``):
+"""KDA routing at SGLang's kernel seam (sglang 0.5.23, ``layers/attention/linear/kernels/kda_triton.py``):
 ``TritonKDAKernel.packed_decode`` and the unpacked ``TritonKDAKernel.decode`` (taken for layers with a
-safe gate), which ``KDAAttnBackend.forward_decode`` calls once per layer and decode step.
+safe gate), which ``KDAAttnBackend.forward_decode`` calls once per layer and decode step, and
+``TritonKDAKernel.target_verify``, which its chain verify calls (the hooks turn SGLang's fused
+verify variants off so that the verify reaches this seam).
 
-Both run ``replayssm.decode`` on the layer's ``ReplayMambaPool`` state in place of SGLang's kernels.
+They run ``replayssm.decode`` / ``replayssm.verify`` on the layer's ``ReplayMambaPool`` state in
+place of SGLang's kernels; the commit is ``mamba2.commit_after_verify`` (family-independent).
 The gating SGLang fuses into its kernels is formed here with the same formulas: q, k
 L2-normalised (``x / sqrt(sum x^2 + 1e-6)``), per-channel ``x = a + dt_bias``, ``g = -exp(A_log) *
 softplus(x)`` (threshold 20) or, with a safe gate, ``g = lower_bound * sigmoid(exp(A_log) * x)``;
-``beta = sigmoid(b)`` in fp32. KDA verify is not routed (a KDA model with drafts is refused).
+``beta = sigmoid(b)`` in fp32.
 """
 
 from __future__ import annotations
@@ -123,3 +126,44 @@ def replay_decode(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     if query_start_loc.shape != (n + 1,):
         raise ValueError(f"query_start_loc: expected [{n + 1}], got {list(query_start_loc.shape)}")
     return _step(ssm_states, q[0], k[0], v[0], a, b, A_log, dt_bias, lower_bound, kwargs.get("scale"), cache_indices)
+
+
+def replay_target_verify(kernel, A_log: torch.Tensor, dt_bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                         v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, ssm_states: torch.Tensor,
+                         cache_indices: torch.Tensor, cache_steps: int, lower_bound=None, **kwargs) -> torch.Tensor:
+    """T draft tokens of a replay KDA layer, with ``TritonKDAKernel.target_verify``'s arguments.
+
+    Args:
+        kernel: the ``TritonKDAKernel`` (unused: the replay op replaces its kernel).
+        A_log: HV elements; dt_bias: HV*K elements. lower_bound: the safe gate's bound, or None.
+        q, k: ``[1, n*T, HK, K]``; v: ``[1, n*T, HV, V]`` in the ring dtype (a dense chain layout:
+            the tokens of a row are consecutive).
+        a: ``[n*T, HV*K]``; b: ``[1, n*T, HV]``.
+        ssm_states: one layer of a ``ReplayMambaPool``'s ``temporal``, ``[size + 1, HV, V, K]``:
+            read, and at an early flush (RING.md) written, in place.
+        cache_indices: int32/int64 ``[n]`` pool slots, -1 = padding. cache_steps: T.
+        kwargs: SGLang's per-draft snapshot buffers, tree links and fused-accept indices: replay
+            keeps no snapshots and verifies a chain, so they are not read; ``scale`` if given
+            (default ``K ** -0.5``, as SGLang's kernel). SGLang's own ring must be off.
+    Returns:
+        A fresh ``[1, n*T, HV, V]`` tensor in v's dtype; the drafts stay pending until the commit.
+    """
+    owner, layer = _owner(ssm_states)
+    if kwargs.get("cache_ring"):
+        raise ValueError("cache_ring: SGLang's own replay ring cannot run beside replayssm")
+    spec = owner.replay.spec
+    HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
+    n, T = cache_indices.shape[0], cache_steps
+    for name, t, heads, dim in (("q", q, HK, K), ("k", k, HK, K), ("v", v, HV, V)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (1, n * T, heads, dim):
+            raise ValueError(f"{name}: expected [1, {n * T}, {heads}, {dim}] (n = {n} rows of T = {T} tokens, "
+                             f"a dense chain), got {getattr(t, 'shape', None)}")
+    g, beta = _gates(a, b, A_log, dt_bias, lower_bound, n * T, HV, K)
+    slots = replay_pool._slots(owner.replay, cache_indices)
+    out = torch.empty(n, T, HV, V, dtype=v.dtype, device=v.device)
+    scale = kwargs.get("scale")
+    replayssm.verify(owner.replay, layer, slots, out=out, q=_l2norm(q[0].unflatten(0, (n, T))),
+                     k=_l2norm(k[0].unflatten(0, (n, T))).to(owner.replay.cfg.torch_ring_dtype),
+                     v=v[0].unflatten(0, (n, T)), g=g.view(n, T, HV, K), beta=beta.view(n, T, HV),
+                     scale=scale if scale is not None else K ** -0.5)
+    return out.view(1, n * T, HV, V)
