@@ -31,7 +31,9 @@ def _dry_run(capsys, args):
 def test_dry_run_decode(environ, capsys):
     out = _dry_run(capsys, ["--replay-ssm", "--replay-read-format", "nvfp4", "--replay-window", "8"] + MODEL)
     assert out["sglang_args"] == MODEL + ["--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer",
-                                          "--disable-overlap-schedule", "--disable-cuda-graph"]
+                                          "--disable-overlap-schedule", "--disable-cuda-graph",
+                                          "--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend",
+                                          "triton"]
     assert out["replay"] == dict(window=8, max_draft_tokens=0, checkpoint_dtype="float32", read_format="nvfp4",
                                  ring_dtype="bfloat16", seed=0, ring_version=1)
     assert json.loads(environ[options.ENV_VAR]) == out["replay"]
@@ -41,8 +43,10 @@ def test_dry_run_decode(environ, capsys):
 def test_dry_run_spec_and_checkpoint_dtype(environ, capsys):
     out = _dry_run(capsys, ["--replay-ssm", "--replay-checkpoint-dtype", "float16_sr"] + MODEL + SPEC)
     assert out["replay"]["max_draft_tokens"] == 3
-    assert out["sglang_args"][-6:] == ["--mamba-ssm-dtype", "float16", "--mamba-radix-cache-strategy", "no_buffer",
-                                       "--disable-overlap-schedule", "--disable-cuda-graph"]
+    assert out["sglang_args"][-10:] == ["--mamba-ssm-dtype", "float16", "--mamba-radix-cache-strategy", "no_buffer",
+                                        "--disable-overlap-schedule", "--disable-cuda-graph",
+                                        "--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend",
+                                        "triton"]
 
 
 def test_replay_off_passes_everything_through(environ, capsys):
@@ -62,6 +66,7 @@ def test_replay_off_passes_everything_through(environ, capsys):
     (["--disaggregation-mode", "decode"], "--disaggregation-mode: not served with --replay-ssm"),
     (["--enable-mamba-cache-stochastic-rounding"], "--enable-mamba-cache-stochastic-rounding: not served"),
     (["--enable-mixed-chunk"], "--enable-mixed-chunk: not served with --replay-ssm"),
+    (["--linear-attn-decode-backend", "flashinfer"], "--linear-attn-decode-backend: replay routes GDN / KDA"),
 ])
 def test_refusals(environ, args, match):
     with pytest.raises(SystemExit, match=match):

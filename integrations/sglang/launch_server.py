@@ -95,6 +95,13 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
         sglang_args += ["--disable-overlap-schedule"]          # SGLang's no_buffer needs it
     if "--disable-cuda-graph" not in rest:
         sglang_args += ["--disable-cuda-graph"]
+    for phase in ("decode", "verify"):                          # GDN / KDA: replay replaces the triton kernels
+        flag = f"--linear-attn-{phase}-backend"
+        chosen = _flag_value(rest, flag)
+        if chosen not in (None, "triton"):
+            raise SystemExit(f"{flag}: replay routes GDN / KDA through the triton kernel seam; got {chosen}")
+        if chosen is None:
+            sglang_args += [flag, "triton"]
     return json.loads(options.encode(cfg)), sglang_args, own.dry_run
 
 
