@@ -53,7 +53,8 @@ def _sglang_args(inp: dict, slots: torch.Tensor, out: torch.Tensor, verify_T=Non
                 state_batch_indices=slots.to(torch.int32), out=out, z=None)
     if verify_T is not None:
         args.update(disable_state_update=True, intermediate_states_buffer=None, cache_steps=verify_T,
-                    retrieve_parent_token=None, intermediate_state_indices=torch.arange(slots.numel(), dtype=torch.int32))
+                    retrieve_parent_token=None,
+                    intermediate_state_indices=torch.arange(slots.numel(), dtype=torch.int32))
     return (inp["x"], dt_d, A_d, inp["B"], inp["C"], inp["D"][:, None, ...].expand(-1, P)), args
 
 

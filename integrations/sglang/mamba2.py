@@ -99,9 +99,9 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_
 
     ``backend`` is SGLang's ``HybridLinearAttnBackend``; ``last_correct_step_indices`` int ``[bs]``
     (accepted tokens - 1, the bonus token counted). The conv windows (and SGLang's per-slot side
-    states) roll back as in SGLang; the ssm side keeps the first ``last_correct_step_indices + 1`` verified tokens of every layer by
-    moving the cursors (``StatePool.commit``). extra_buffer tracking (``mamba_track_indices``) is
-    refused: its track slots would need ring and cursor copies.
+    states) roll back as in SGLang; the ssm side keeps the first ``last_correct_step_indices + 1``
+    verified tokens of every layer by moving the cursors (``StatePool.commit``). extra_buffer
+    tracking (``mamba_track_indices``) is refused: its track slots would need ring and cursor copies.
     """
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
 

@@ -36,9 +36,10 @@ def layer_spec(cache_params) -> LayerSpec:
 
     KDA has its own parameters (``is_kda``). SGLang describes Mamba-2 and GDN layers with the same
     ``Mamba2StateShape``; GDN models record their q/k/v conv blocks in ``conv_shard_groups``,
-    Mamba-2 models do not. GDN / KDA: temporal is ``(HV, V, K)`` and ``num_k_heads_per_tp`` is HK. Mamba-2: temporal is ``(H, P, N)`` and the
-    conv state ``(H*P + 2*G*N, K-1)``, so the local group count is ``(conv_dim - H*P) / (2N)``.
-    The backend check in ``hooks`` refuses a model whose layers are not of this family.
+    Mamba-2 models do not. GDN / KDA: temporal is ``(HV, V, K)`` and ``num_k_heads_per_tp`` is HK.
+    Mamba-2: temporal is ``(H, P, N)`` and the conv state ``(H*P + 2*G*N, K-1)``, so the local
+    group count is ``(conv_dim - H*P) / (2N)``. The backend check in ``hooks`` refuses a model
+    whose layers are not of the family found here.
     """
     shape = cache_params.shape
     if 0 in shape.temporal:
