@@ -167,6 +167,29 @@ class StatePool:
                 self._store(layer, rows, self._backend().fold_committed(self, layer, rows))
                 ring.reset(self.cursors, layer, rows.to(self.device), wrote_checkpoint=True)
 
+    def refresh(self, slots: torch.Tensor, *, layer: int | None = None) -> None:
+        """The host wrote the checkpoint of ``slots`` itself (prefill, clear, copy, load).
+
+        Empties their rings (cursors reset, any uncommitted verify dropped; ``epoch`` counts the
+        host's write) and re-derives their read copy from the stored checkpoint, in ``layer`` or,
+        when None, every layer; the checkpoint bytes are not touched. Padded rows (-1) are skipped.
+        """
+        if layer is not None:
+            self._layer(layer)
+        host = self._slots(slots)
+        rows = host[host >= 0]
+        layers = range(self.num_layers) if layer is None else (layer,)
+        for lay in layers:
+            if self.read and rows.numel():
+                stored = self.checkpoint[lay, rows.to(self.device)].float()
+                codes, bs, rs = formats.quantize(to_read_layout(self.spec, stored), self.cfg.read_format)
+                dev_rows = rows.to(self.device)
+                self.read["codes"][lay, dev_rows] = codes
+                self.read["block_scale"][lay, dev_rows] = bs
+                self.read["row_scale"][lay, dev_rows] = rs
+            ring.reset(self.cursors, lay, slots, wrote_checkpoint=True)
+            self.pending[lay, rows] = 0
+
     def commit(self, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """Keep the first ``num_accepted`` tokens of the last verify of ``slots``, in every layer.
 

@@ -138,3 +138,30 @@ def test_bytes_per_slot():
     assert b["checkpoint"] == 4 * 2 ** 20
     assert b["read_copy"] == 128 * 64 * (64 + 8 + 4)
     assert b["ring"] == 128 * 16 * 64 * 2 + 128 * 16 * 4 + 8 * 16 * 128 * 2
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_refresh_after_a_host_write(family):
+    """The host overwrites a checkpoint itself (prefill, copy, load): refresh empties the ring of that
+    layer only, re-derives the read copy bit for bit, and keeps the checkpoint bytes."""
+    d = _driver(family, read_format="nvfp4")
+    slots = d.alloc(2)
+    d.decode(slots)
+    gen = torch.Generator().manual_seed(5)
+    state = torch.randn(2, *d.spec.state_shape, generator=gen)
+    d.pool.checkpoint[1, slots] = state                       # the host's own write
+    epoch = d.pool.cursors["epoch"].clone()
+    d.pool.refresh(torch.tensor([slots[0].item(), -1, slots[1].item()]), layer=1)
+    assert torch.equal(d.pool.checkpoint[1, slots], state)
+    assert d.pool.cursors["count"][1, slots].eq(0).all() and d.pool.cursors["count"][0, slots].eq(1).all()
+    assert torch.equal(d.pool.cursors["epoch"][1, slots], epoch[1, slots] + 1)
+    fresh = rs.StatePool(d.spec, d.cfg, num_layers=1, num_slots=2)
+    fresh.write_state(0, fresh.alloc(2), state)
+    for name, buf in d.pool.read.items():
+        assert torch.equal(buf[1, slots].view(torch.uint8), fresh.read[name][0].view(torch.uint8)), name
+    for s, st in zip(slots.tolist(), state):
+        d.oracle[1][s] = st.double()
+    assert max(d.decode(slots)) < TOL["nvfp4"]
+    assert d.state_error(slots) < TOL["float32"]
+    with pytest.raises(ValueError, match="layer: expected an int in"):
+        d.pool.refresh(slots, layer=2)

@@ -30,7 +30,10 @@ def _dry_run(capsys, args):
 
 def test_dry_run_decode(environ, capsys):
     out = _dry_run(capsys, ["--replay-ssm", "--replay-read-format", "nvfp4", "--replay-window", "8"] + MODEL)
-    assert out["sglang_args"] == MODEL + ["--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer"]
+    assert out["sglang_args"] == MODEL + ["--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer",
+                                          "--disable-overlap-schedule", "--disable-cuda-graph",
+                                          "--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend",
+                                          "triton"]
     assert out["replay"] == dict(window=8, max_draft_tokens=0, checkpoint_dtype="float32", read_format="nvfp4",
                                  ring_dtype="bfloat16", seed=0, ring_version=1)
     assert json.loads(environ[options.ENV_VAR]) == out["replay"]
@@ -40,7 +43,10 @@ def test_dry_run_decode(environ, capsys):
 def test_dry_run_spec_and_checkpoint_dtype(environ, capsys):
     out = _dry_run(capsys, ["--replay-ssm", "--replay-checkpoint-dtype", "float16_sr"] + MODEL + SPEC)
     assert out["replay"]["max_draft_tokens"] == 3
-    assert out["sglang_args"][-4:] == ["--mamba-ssm-dtype", "float16", "--mamba-radix-cache-strategy", "no_buffer"]
+    assert out["sglang_args"][-10:] == ["--mamba-ssm-dtype", "float16", "--mamba-radix-cache-strategy", "no_buffer",
+                                        "--disable-overlap-schedule", "--disable-cuda-graph",
+                                        "--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend",
+                                        "triton"]
 
 
 def test_replay_off_passes_everything_through(environ, capsys):
@@ -55,15 +61,16 @@ def test_replay_off_passes_everything_through(environ, capsys):
     (["--speculative-eagle-topk", "2"], "--speculative-eagle-topk: replay verifies a chain of drafts"),
     (["--replay-window", "0"], "--replay-window: expected a positive int"),
     (["--mamba-ssm-dtype", "bfloat16"], "--mamba-ssm-dtype: --replay-checkpoint-dtype float32 stores"),
+    (["--mamba-radix-cache-strategy", "extra_buffer"], "--mamba-radix-cache-strategy: replayssm serves no_buffer only"),
+    (["--enable-hierarchical-cache"], "--enable-hierarchical-cache: not served with --replay-ssm"),
+    (["--disaggregation-mode", "decode"], "--disaggregation-mode: not served with --replay-ssm"),
+    (["--enable-mamba-cache-stochastic-rounding"], "--enable-mamba-cache-stochastic-rounding: not served"),
+    (["--enable-mixed-chunk"], "--enable-mixed-chunk: not served with --replay-ssm"),
+    (["--linear-attn-decode-backend", "flashinfer"], "--linear-attn-decode-backend: replay routes GDN / KDA"),
 ])
 def test_refusals(environ, args, match):
     with pytest.raises(SystemExit, match=match):
         launch_server.main(["--replay-ssm", "--dry-run"] + MODEL + args)
-
-
-def test_serving_with_replay_is_refused_until_the_adapters_exist(environ):
-    with pytest.raises(SystemExit, match="--replay-ssm: serving needs replayssm's SGLang adapters"):
-        launch_server.main(["--replay-ssm"] + MODEL)
 
 
 def test_plugin_loaded_by_sglangs_loader_is_a_no_op_without_replay(environ, monkeypatch):
@@ -75,14 +82,24 @@ def test_plugin_loaded_by_sglangs_loader_is_a_no_op_without_replay(environ, monk
     assert func is plugin.load and func() is None
 
 
-def test_plugin_with_replay_checks_version_and_refuses(environ, monkeypatch):
+def test_plugin_with_replay_checks_version_and_installs_the_hooks(environ, monkeypatch):
     import sglang
-    environ[options.ENV_VAR] = options.encode(ReplayConfig())
-    with pytest.raises(NotImplementedError, match="SGLang adapters .* are not built yet"):
-        plugin.load()
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool, MambaPool
+
+    from replayssm.integrations.sglang import hooks
+    environ[options.ENV_VAR] = options.encode(ReplayConfig(window=8))
     monkeypatch.setattr(sglang, "__version__", "0.5.22")
     with pytest.raises(RuntimeError, match="targets sglang==0.5.23, found 0.5.22"):
         plugin.load()
+    assert not hooks.installed() and HybridReqToTokenPool.mamba_pool_cls is MambaPool
+    monkeypatch.setattr(sglang, "__version__", "0.5.23")
+    try:
+        plugin.load()
+        assert hooks.installed() and HybridReqToTokenPool.mamba_pool_cls.replay_cfg == ReplayConfig(window=8)
+        assert issubclass(HybridReqToTokenPool.mamba_pool_cls, MambaPool)
+    finally:
+        hooks.uninstall()
+    assert HybridReqToTokenPool.mamba_pool_cls is MambaPool
     environ[options.ENV_VAR] = json.dumps(dict(window=16, ring_version=99))
     with pytest.raises(RuntimeError, match="ring contract version 99"):
         options.from_env()

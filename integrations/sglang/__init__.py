@@ -1,6 +1,8 @@
 """SGLang adapter (targets sglang 0.5.23).
 
-Built so far: ``launch_server`` (own options, SGLang flags, ``--dry-run``) and the plugin entry
-point (a no-op with replay off). Not built: the adapters that serve with replay (README, Status).
+``launch_server`` (own options, SGLang flags, ``--dry-run``), the plugin entry point, and the
+adapters it installs: replay state in SGLang's mamba pool (``pool``), Mamba-2 decode / verify /
+commit routing (``mamba2``), GDN and KDA decode / verify routing (``gdn``, ``kda``), and the
+class patches (``hooks``).
 Nothing here imports sglang at import time.
 """

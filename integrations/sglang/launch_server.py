@@ -29,6 +29,20 @@ from . import options
 # SGLang's storage dtype for the checkpoint (``temporal``) per replayssm checkpoint dtype
 _SSM_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16_sr": "float16"}
 _OWN_REPLAY_FLAGS = ("--enable-linear-replayssm", "--enable-linear-replayssm-spec", "--linear-replayssm-cache-len")
+# resolved SGLang settings replay refuses: field -> (flag, value that is fine, why)
+_REFUSED = {
+    "enable_unified_memory": ("--enable-unified-memory", False, "its mamba pool class is not the replay pool"),
+    "disaggregation_mode": ("--disaggregation-mode", "null", "PD transfer ships temporal without the ring"),
+    "enable_hierarchical_cache": ("--enable-hierarchical-cache", False,
+                                  "its host tier moves temporal without flushing the ring"),
+    "enable_int8_mamba_checkpoint": ("--enable-int8-mamba-checkpoint", False, "not verified with replay"),
+    "enable_mamba_cache_stochastic_rounding": ("--enable-mamba-cache-stochastic-rounding", False,
+                                               "use --replay-checkpoint-dtype float16_sr"),
+    "enable_mixed_chunk": ("--enable-mixed-chunk", False,
+                           "decode rows of a mixed batch would run the prefill kernel on the checkpoint alone"),
+    "disable_cuda_graph": ("--disable-cuda-graph", True,
+                           "replay steps validate slots on the host, which CUDA-graph capture cannot take"),
+}
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
@@ -70,9 +84,33 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
                          f"checkpoint as {_SSM_DTYPE[cfg.checkpoint_dtype]}; drop --mamba-ssm-dtype")
     if _flag_value(rest, "--mamba-ssm-dtype") is None:
         sglang_args += ["--mamba-ssm-dtype", _SSM_DTYPE[cfg.checkpoint_dtype]]
-    if _flag_value(rest, "--mamba-radix-cache-strategy") is None and "--disable-radix-cache" not in rest:
+    strategy = _flag_value(rest, "--mamba-radix-cache-strategy")
+    if strategy not in (None, "no_buffer"):
+        raise SystemExit(f"--mamba-radix-cache-strategy: replayssm serves no_buffer only (extra_buffer track slots "
+                         f"would need the ring and cursors); got {strategy}")
+    if strategy is None and "--disable-radix-cache" not in rest:
         sglang_args += ["--mamba-radix-cache-strategy", "no_buffer"]
+        strategy = "no_buffer"
+    if strategy == "no_buffer" and "--disable-overlap-schedule" not in rest:
+        sglang_args += ["--disable-overlap-schedule"]          # SGLang's no_buffer needs it
+    if "--disable-cuda-graph" not in rest:
+        sglang_args += ["--disable-cuda-graph"]
+    for phase in ("decode", "verify"):                          # GDN / KDA: replay replaces the triton kernels
+        flag = f"--linear-attn-{phase}-backend"
+        chosen = _flag_value(rest, flag)
+        if chosen not in (None, "triton"):
+            raise SystemExit(f"{flag}: replay routes GDN / KDA through the triton kernel seam; got {chosen}")
+        if chosen is None:
+            sglang_args += [flag, "triton"]
     return json.loads(options.encode(cfg)), sglang_args, own.dry_run
+
+
+def check_server_args(server_args) -> None:
+    """SystemExit naming the flag when SGLang's resolved settings combine replay with what it does not serve."""
+    for field, (flag, fine, why) in _REFUSED.items():
+        value = getattr(server_args, field)
+        if value != fine:
+            raise SystemExit(f"{flag}: not served with --replay-ssm ({why}); got {value!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,13 +126,12 @@ def main(argv: list[str] | None = None) -> None:
         env[options.ENV_VAR] = json.dumps(replay, sort_keys=True)
         os.environ.update(env)
     server_args = prepare_server_args(sglang_args)          # SGLang's own strict parser
+    if replay is not None:
+        check_server_args(server_args)
     if dry_run:
         print(json.dumps(dict(sglang_args=sglang_args, replay=replay, env=env,
                               model_path=server_args.model_path), indent=1))
         return
-    if replay is not None:
-        raise SystemExit("--replay-ssm: serving needs replayssm's SGLang adapters, which are not built yet "
-                         "(only --dry-run works); see the README's Status")
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins
 

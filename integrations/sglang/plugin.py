@@ -1,8 +1,8 @@
 """SGLang plugin entry point (group ``sglang.srt.plugins``), loaded by SGLang in every process.
 
-With replay off (no ``REPLAYSSM_SGLANG`` in the environment) it does nothing. With replay on it
-checks the SGLang version, and then refuses: the adapters that put replayssm state into SGLang's
-mamba pool and route its mixers through the shared kernels are not built yet (README, Status).
+With replay off (no ``REPLAYSSM_SGLANG`` in the environment) it does nothing and SGLang is
+untouched. With replay on it checks the SGLang version and installs the class patches of
+``hooks`` in this process (SGLang spawns its workers, so each one loads the plugin itself).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ def check_version() -> str:
 
 
 def load() -> None:
-    """Entry point: a no-op unless the replayssm launcher enabled replay."""
+    """Entry point: a no-op unless the replayssm launcher enabled replay; then installs the hooks."""
     cfg = options.from_env()
     if cfg is None:
         return
     check_version()
-    raise NotImplementedError(
-        "replayssm: the SGLang adapters (mamba pool state, Mamba-2/GDN/KDA mixer routing, commit, radix "
-        "guards) are not built yet; only `launch_server --dry-run` works")
+    from . import hooks
+
+    hooks.install(cfg)

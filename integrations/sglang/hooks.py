@@ -1,0 +1,185 @@
+"""The class patches that put replayssm into a SGLang 0.5.23 process (installed by the plugin).
+
+| target | patch |
+|---|---|
+| ``HybridReqToTokenPool.mamba_pool_cls`` | ``ReplayMambaPool`` bound to the config (set explicitly: a class REPLACE of ``MambaPool`` would not reach this attribute) |
+| ``layers.attention.mamba.mamba.selective_state_update`` (``MambaMixer2``'s call sites) | replay decode / verify; a state outside a replay pool is refused |
+| ``MambaMixer2.forward`` | after a prefill wrote ``temporal``, reset those rows' rings and read copy |
+| ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
+| ``MambaComponent.prepare_for_caching_req`` | a finished request's slot is flushed before the radix tree takes it |
+| ``TritonGDNKernel.packed_decode`` / ``target_verify`` (``GDNAttnBackend``'s kernel seam) | replay GDN decode / verify |
+| ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
+| ``GDNAttnBackend.forward_extend`` | after a prefill (not a verify) wrote ``temporal``, reset those rows' rings and read copy |
+| ``TritonKDAKernel.packed_decode`` / ``decode`` / ``target_verify`` (``KDAAttnBackend``'s kernel seam) | replay KDA decode / verify |
+| ``kda_fused_decode.covered``, ``KDAAttnBackend._can_run_fused_chain_verify`` / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
+| ``KDAAttnBackend.forward_extend`` | after a prefill (not a verify) wrote ``temporal``, reset those rows' rings and read copy |
+| ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, and GDN / KDA kernels other than Triton |
+
+``install`` is idempotent per process; ``uninstall`` restores SGLang's originals.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from replayssm import ReplayConfig
+
+from . import gdn, kda, mamba2, pool
+
+_saved: list[tuple[object, str, object]] = []
+
+
+def _patch(owner, name: str, value) -> None:
+    _saved.append((owner, name, owner.__dict__[name]))
+    setattr(owner, name, value)
+
+
+def installed() -> bool:
+    """True while the replay patches are in place."""
+    return bool(_saved)
+
+
+def install(cfg: ReplayConfig, backend: str = "auto") -> None:
+    """Patch SGLang's classes for replay with ``cfg`` (no-op if already installed with the same).
+
+    ``backend``: the StatePool backend of the replay pools ("auto", "reference", "triton").
+    """
+    if not isinstance(cfg, ReplayConfig):
+        raise TypeError(f"cfg: expected a ReplayConfig, got {type(cfg).__name__}")
+    if _saved:
+        from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+        current = HybridReqToTokenPool.mamba_pool_cls
+        if (current.replay_cfg, current.replay_backend) != (cfg, backend):
+            raise ValueError(f"cfg: replay is installed with {current.replay_cfg} (backend "
+                             f"{current.replay_backend!r}); uninstall first")
+        return
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
+    from sglang.kernels.ops.attention import kda_fused_decode
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+    from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+    from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+    from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
+    from sglang.srt.layers.attention.mamba import mamba as mamba_mod
+    from sglang.srt.mem_cache import memory_pool
+    from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+
+    _patch(memory_pool.HybridReqToTokenPool, "mamba_pool_cls", pool.pool_class(cfg, backend))
+
+    _patch(mamba_mod, "selective_state_update", mamba2.replay_selective_state_update)
+
+    mixer_forward = mamba_mod.MambaMixer2.forward
+
+    @functools.wraps(mixer_forward)
+    def forward(self, **kwargs):
+        result = mixer_forward(self, **kwargs)
+        meta = kwargs["metadata"]
+        if meta.num_prefills > 0:
+            pool.after_prefill(kwargs["layer_cache"].temporal, meta.mamba_cache_indices[:meta.num_prefills])
+        return result
+
+    _patch(mamba_mod.MambaMixer2, "forward", forward)
+
+    commit = hlab.HybridLinearAttnBackend.update_mamba_state_after_mtp_verify
+
+    @functools.wraps(commit)
+    def update_mamba_state_after_mtp_verify(self, last_correct_step_indices, mamba_track_indices,
+                                            mamba_steps_to_track, model, req_pool_indices=None):
+        if not mamba2.commit_after_verify(self, last_correct_step_indices, mamba_track_indices, req_pool_indices):
+            commit(self, last_correct_step_indices, mamba_track_indices, mamba_steps_to_track, model,
+                   req_pool_indices)
+
+    _patch(hlab.HybridLinearAttnBackend, "update_mamba_state_after_mtp_verify", update_mamba_state_after_mtp_verify)
+
+    prepare = MambaComponent.prepare_for_caching_req
+
+    @functools.wraps(prepare)
+    def prepare_for_caching_req(self, req, insert_params, token_ids_len, is_finished):
+        if is_finished:
+            pool.flush_for_tree(self.cache.req_to_token_pool, req.kv.mamba_pool_idx)
+        return prepare(self, req, insert_params, token_ids_len, is_finished)
+
+    _patch(MambaComponent, "prepare_for_caching_req", prepare_for_caching_req)
+
+    _patch(TritonGDNKernel, "packed_decode", gdn.replay_packed_decode)
+
+    _patch(TritonGDNKernel, "target_verify", gdn.replay_target_verify)
+
+    def refused(self, *args, **kwargs):
+        raise RuntimeError("--replay-ssm: GDN's unpacked decode is not routed through replayssm (the packed "
+                           "decode is)")
+
+    _patch(TritonGDNKernel, "decode", refused)
+
+    _patch(TritonKDAKernel, "packed_decode", kda.replay_packed_decode)
+    _patch(TritonKDAKernel, "decode", kda.replay_decode)
+
+    _patch(TritonKDAKernel, "target_verify", kda.replay_target_verify)
+
+    def not_taken(*args, **kwargs):
+        return False
+
+    # SGLang's fused KDA variants update the state past the kernel seam: K3's conv + decode kernel
+    # and the DSPARK / fused conv + gating chain verify kernels
+    _patch(kda_fused_decode, "covered", not_taken)
+    _patch(KDAAttnBackend, "_can_run_fused_chain_verify", not_taken)
+    _patch(KDAAttnBackend, "_can_run_dspark_cutedsl_mtp", not_taken)
+
+    for backend_cls in (GDNAttnBackend, KDAAttnBackend):
+        _patch(backend_cls, "forward_extend", _refresh_after_prefill(backend_cls.forward_extend))
+
+    backend_init = hlab.MambaAttnBackendBase.__init__
+
+    @functools.wraps(backend_init)
+    def __init__(self, model_runner):
+        backend_init(self, model_runner)
+        check_linear_backend(self)
+
+    _patch(hlab.MambaAttnBackendBase, "__init__", __init__)
+
+
+def _refresh_after_prefill(extend):
+    """A GDN / KDA ``forward_extend`` that resets the prefill rows' rings and read copy afterwards."""
+
+    @functools.wraps(extend)
+    def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        result = extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        if not forward_batch.forward_mode.is_target_verify():
+            pool.after_prefill(self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal,
+                               self.forward_metadata.mamba_cache_indices)
+        return result
+
+    return forward_extend
+
+
+def check_linear_backend(backend) -> None:
+    """Refuse (RuntimeError) a linear-attention backend that replay does not serve on its pool."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+    from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+
+    owner = backend.req_to_token_pool.mamba_pool
+    if not hasattr(owner, "replay"):
+        return
+    name, spec = type(backend).__name__, owner.replay.spec
+    families = ((Mamba2AttnBackend, "mamba2"), (GDNAttnBackend, "gdn"), (KDAAttnBackend, "kda"))
+    family = next((f for cls, f in families if isinstance(backend, cls)), None)
+    if family is None:
+        raise RuntimeError(f"--replay-ssm: replayssm routes Mamba-2, GDN and KDA layers in SGLang; {name} routing is "
+                           "not built. Serve this model without --replay-ssm")
+    if family != spec.family:
+        raise RuntimeError(f"--replay-ssm: {name} serves {family} layers but the replay pool was built for "
+                           f"{spec.family} from the model's cache parameters")
+    if family != "mamba2":
+        kernels = backend._model_runner.linear_attn_backends
+        for phase in ("decode", "verify"):
+            chosen = getattr(kernels, phase).value
+            if chosen != "triton":
+                raise RuntimeError(f"--linear-attn-{phase}-backend: replay routes {family.upper()} through the triton "
+                                   f"kernel seam; got {chosen}")
+
+
+def uninstall() -> None:
+    """Restore every patched SGLang attribute."""
+    while _saved:
+        owner, name, value = _saved.pop()
+        setattr(owner, name, value)

@@ -1,0 +1,132 @@
+"""Mamba-2 routing: SGLang's ``selective_state_update`` call sites in ``MambaMixer2.forward``, and
+the commit after speculative acceptance.
+
+``MambaMixer2`` (sglang 0.5.23, ``layers/attention/mamba/mamba.py``) calls, per layer:
+
+- decode: ``selective_state_update(ssm_state, x [n, H, P], dt [n, H, P], A [H, P, N], B [n, G, N],
+  C [n, G, N], D [H, P], z=None, dt_bias=[H, P], dt_softplus=True, state_batch_indices [n],
+  out=[n, H, P])`` where dt, A, D and dt_bias are per-head values broadcast (stride 0) over P, N;
+- verify: the same with a token axis (``x [n, T, H, P]``, ``out [n, T, H, P]``, ...) and
+  ``disable_state_update=True, intermediate_states_buffer, cache_steps=T, ...``.
+
+``replay_selective_state_update`` takes exactly those arguments and runs ``replayssm.decode`` /
+``replayssm.verify`` on the layer's ``ReplayMambaPool`` state: the verify appends the drafts to the
+ring and writes no per-draft state (``intermediate_states_buffer`` stays untouched); the commit
+moves the cursors by the accepted count (``commit_after_verify``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import replayssm
+
+from . import pool as replay_pool
+
+
+def _per_head(name: str, t: torch.Tensor, keep: int) -> torch.Tensor:
+    """``t`` without its trailing broadcast axes: the view of its first ``keep`` axes at index 0 of
+    the rest, which must have stride 0 (per-head values expanded over P / N, as MambaMixer2 does)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() <= keep or any(s != 0 and n > 1 for s, n in zip(t.stride()[keep:], t.shape[keep:])):
+        raise ValueError(f"{name}: expected per-head values broadcast (stride 0) over the trailing axes, as "
+                         f"MambaMixer2 passes; got shape {list(t.shape)} strides {list(t.stride())}")
+    return t[(slice(None),) * keep + (0,) * (t.dim() - keep)]
+
+
+def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                                  state_batch_indices=None, pad_slot_id=-1, out=None, disable_state_update=False,
+                                  intermediate_states_buffer=None, cache_steps=None, retrieve_parent_token=None,
+                                  intermediate_state_indices=None, enable_stochastic_rounding=False,
+                                  cache_philox_rounds=0):
+    """One Mamba-2 decode (or verify) step of a replay layer, with ``selective_state_update``'s arguments.
+
+    Args:
+        state: one layer of a ``ReplayMambaPool``'s ``temporal``, ``[size + 1, H, P, N]``: the
+            replay checkpoint, read and (at a flush) written in place.
+        x: ``[n, H, P]`` (decode) or ``[n, T, H, P]`` (verify), the ring dtype.
+        dt: like x, per-head values broadcast over P (raw, before ``dt_bias`` and softplus).
+        A: ``[H, P, N]`` fp32, per-head values broadcast over P, N.
+        B, C: ``[n, G, N]`` or ``[n, T, G, N]``; B in the ring dtype.
+        D, dt_bias: ``[H, P]`` broadcast over P, or None. z: like x, or None.
+        dt_softplus: must be True. state_batch_indices: int32/int64 ``[n]`` pool slots, -1 = padding.
+        pad_slot_id: must be -1. out: like x, x's dtype, written in place (required).
+        disable_state_update: True for a verify (x has a token axis), False for a decode.
+        cache_steps: T of a verify, or None. intermediate_states_buffer, retrieve_parent_token,
+            intermediate_state_indices: SGLang's per-draft snapshots and tree links; replay keeps
+            no snapshots and verifies a chain, so they are not read.
+        enable_stochastic_rounding, cache_philox_rounds: must be off; the replay checkpoint dtype
+            ``float16_sr`` does its own stochastic rounding.
+    Returns:
+        ``out``.
+    """
+    found = replay_pool.lookup(state)
+    if found is None:
+        raise ValueError("state: not a layer of a ReplayMambaPool's temporal tensor; with replay on every Mamba-2 "
+                         "state must come from HybridReqToTokenPool.mamba_pool_cls (other pool classes are not served)")
+    owner, layer = found
+    if dt_softplus is not True:
+        raise ValueError(f"dt_softplus: replay applies softplus to dt + dt_bias; expected True, got {dt_softplus!r}")
+    if pad_slot_id != -1:
+        raise ValueError(f"pad_slot_id: expected -1 (replayssm's padded row), got {pad_slot_id!r}")
+    if enable_stochastic_rounding or cache_philox_rounds:
+        raise ValueError("enable_stochastic_rounding: SGLang's stochastic rounding cannot run under replay; use "
+                         "--replay-checkpoint-dtype float16_sr")
+    if out is None:
+        raise ValueError("out: expected an output buffer like x (MambaMixer2 always passes one)")
+    if not isinstance(x, torch.Tensor) or x.dim() not in (3, 4):
+        raise ValueError(f"x: expected [n, H, P] or [n, T, H, P], got {getattr(x, 'shape', type(x).__name__)}")
+    is_verify = x.dim() == 4
+    if is_verify != bool(disable_state_update):
+        raise ValueError(f"disable_state_update: expected {is_verify} for x of shape {list(x.shape)} (a verify "
+                         "takes a token axis and writes no state; a decode has no token axis)")
+    if is_verify and cache_steps is not None and cache_steps != x.shape[1]:
+        raise ValueError(f"cache_steps: expected T = {x.shape[1]}, got {cache_steps!r}")
+    if state_batch_indices is None:
+        raise ValueError("state_batch_indices: expected int32/int64 [n] pool slots, got None")
+    slots = replay_pool._slots(owner.replay, state_batch_indices)
+    inputs = dict(x=x, dt=_per_head("dt", dt, x.dim() - 1), A=_per_head("A", A, 1), B=B, C=C, z=z,
+                  D=None if D is None else _per_head("D", D, 1),
+                  dt_bias=None if dt_bias is None else _per_head("dt_bias", dt_bias, 1))
+    step = replayssm.verify if is_verify else replayssm.decode
+    return step(owner.replay, layer, slots, out=out, **inputs)
+
+
+def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_track_indices,
+                        req_pool_indices=None) -> bool:
+    """Replay's commit in place of SGLang's ``intermediate_ssm`` scatter; False when the pool is not replay.
+
+    ``backend`` is SGLang's ``HybridLinearAttnBackend``; ``last_correct_step_indices`` int ``[bs]``
+    (accepted tokens - 1, the bonus token counted). The conv windows (and SGLang's per-slot side
+    states) roll back as in SGLang; the ssm side keeps the first ``last_correct_step_indices + 1``
+    verified tokens of every layer by moving the cursors (``StatePool.commit``). extra_buffer
+    tracking (``mamba_track_indices``) is refused: its track slots would need ring and cursor copies.
+    """
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
+
+    linear = backend.linear_attn_backend
+    req_pool = linear.req_to_token_pool
+    owner = req_pool.mamba_pool
+    if not hasattr(owner, "replay"):
+        return False
+    if mamba_track_indices is not None:
+        raise RuntimeError("mamba_track_indices: replayssm serves --mamba-radix-cache-strategy no_buffer only; "
+                           "extra_buffer track slots would need the ring and cursors")
+    n = last_correct_step_indices.shape[0]
+    src_rows = None
+    if hlab.pp_spec_stable_rows_enabled() and req_pool_indices is not None:
+        src_rows = req_pool_indices[:n]
+        slots = linear._translate_mamba_indices(req_pool.get_mamba_indices(src_rows))
+    else:
+        slots = linear.forward_metadata.mamba_cache_indices[:n]
+    caches = req_pool.get_speculative_mamba2_params_all_layers()
+    for conv, window in zip(caches.conv, caches.intermediate_conv_window):
+        if conv.is_cuda:
+            hlab.fused_conv_window_scatter_with_mask(conv, window, slots, last_correct_step_indices, src_rows)
+        else:
+            hlab.HybridLinearAttnBackend._scatter_speculative_state_with_mask(
+                conv, window, slots, last_correct_step_indices, src_rows)
+    backend._update_ple_state_after_mtp_verify(slots, last_correct_step_indices, None, None, src_rows)
+    owner.replay.commit(replay_pool._slots(owner.replay, slots), last_correct_step_indices + 1)
+    return True

@@ -1,0 +1,169 @@
+"""Replay state inside SGLang's mamba pool (sglang 0.5.23 ``MambaPool``).
+
+``ReplayMambaPool`` is the class the plugin puts in ``HybridReqToTokenPool.mamba_pool_cls``.
+SGLang's own ``temporal`` tensor (its checkpoint dtype; Mamba-2 ``[layers, size + 1, H, P, N]``,
+GDN / KDA ``[layers, size + 1, HV, V, K]``, used through a transposed view) is the
+replay checkpoint, wrapped without a copy by one ``replayssm.StatePool`` per mamba pool; the
+ring, cursors and read copy are the StatePool's and follow every slot event SGLang issues:
+
+| SGLang event | replay side |
+|---|---|
+| ``clear_slots`` (fresh slot, zeroed state) | cursors reset, read copy re-derived |
+| ``copy_from`` (COW on a radix hit, no_buffer copy for the tree) | source flushed first, destination cursors reset and read copy re-derived |
+| ``get_cpu_copy`` (host tier / transfer) | slots flushed first, so the copy is the whole state |
+| ``load_cpu_copy`` | cursors reset, read copy re-derived |
+| prefill writing ``temporal`` (``after_prefill``, called by the mixer / backend hook) | cursors of that layer reset, read copy re-derived |
+| a finished request's slot donated to the radix tree (``flush_for_tree``, called by the ``MambaComponent`` hook) | slot flushed first |
+
+Slot allocation stays SGLang's (``MambaSlotAllocator``); every pool slot is open to the
+StatePool. Slot ``-1`` is SGLang's padding row, as in replayssm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+import torch
+
+from replayssm import LayerSpec, ReplayConfig, StatePool
+
+_BY_STATE: dict[tuple[int, tuple[int, ...]], tuple[weakref.ref, int]] = {}
+
+
+def layer_spec(cache_params) -> LayerSpec:
+    """The per-rank ``LayerSpec`` of SGLang's cache parameters (TP-sharded dims).
+
+    KDA has its own parameters (``is_kda``). SGLang describes Mamba-2 and GDN layers with the same
+    ``Mamba2StateShape``; GDN models record their q/k/v conv blocks in ``conv_shard_groups``,
+    Mamba-2 models do not. GDN / KDA: temporal is ``(HV, V, K)`` and ``num_k_heads_per_tp`` is HK.
+    Mamba-2: temporal is ``(H, P, N)`` and the conv state ``(H*P + 2*G*N, K-1)``, so the local
+    group count is ``(conv_dim - H*P) / (2N)``. The backend check in ``hooks`` refuses a model
+    whose layers are not of the family found here.
+    """
+    shape = cache_params.shape
+    if 0 in shape.temporal:
+        raise ValueError(f"cache_params: temporal {tuple(shape.temporal)} is empty (no recurrent state, e.g. a "
+                         "short-conv model); replay does not apply, serve it without --replay-ssm")
+    if getattr(cache_params, "is_kda", False):
+        hv, v, k = shape.temporal
+        return LayerSpec.kda(num_k_heads=shape.num_k_heads_per_tp, num_v_heads=hv, head_k_dim=k, head_v_dim=v)
+    if shape.conv_shard_groups is not None:
+        hv, v, k = shape.temporal
+        return LayerSpec.gdn(num_k_heads=shape.num_k_heads_per_tp, num_v_heads=hv, head_k_dim=k, head_v_dim=v)
+    H, P, N = shape.temporal
+    conv_dim = shape.conv[0][0]
+    groups, rest = divmod(conv_dim - H * P, 2 * N)
+    if rest or groups <= 0:
+        raise ValueError(f"cache_params: conv dim {conv_dim} is not H*P + 2*G*N for temporal {(H, P, N)}; "
+                         "not a Mamba-2 layer")
+    return LayerSpec.mamba2(num_heads=H, head_dim=P, state_dim=N, num_groups=groups)
+
+
+def pool_class(cfg: ReplayConfig, backend: str = "auto"):
+    """A ``ReplayMambaPool`` subclass bound to ``cfg`` and the StatePool ``backend`` (what the plugin
+    installs; "auto": the Triton kernels on CUDA, the reference elsewhere)."""
+    if not isinstance(cfg, ReplayConfig):
+        raise TypeError(f"cfg: expected a ReplayConfig, got {type(cfg).__name__}")
+    from sglang.srt.mem_cache.memory_pool import MambaPool
+
+    class ReplayMambaPool(MambaPool):
+        """SGLang's ``MambaPool`` whose ``temporal`` is a replay checkpoint (see the module docs).
+
+        Attributes:
+            replay: the ``StatePool`` over ``mamba_cache.temporal`` (``num_slots = size + 1``).
+        """
+
+        replay_cfg = cfg
+        replay_backend = backend
+
+        def __init__(self, **kwargs):
+            for flag in ("enable_linear_replayssm", "enable_linear_replayssm_spec"):
+                if kwargs.get(flag):
+                    raise ValueError(f"{flag}: SGLang's own replay cannot run beside replayssm; drop "
+                                     f"--{flag.replace('_', '-')} and use --replay-ssm")
+            super().__init__(**kwargs)
+            spec = layer_spec(kwargs["cache_params"])
+            temporal = self.mamba_cache.temporal
+            if temporal.dtype != cfg.torch_checkpoint_dtype:
+                raise ValueError(f"cache_params: SGLang stores the ssm state as {temporal.dtype}, replay checkpoint "
+                                 f"dtype {cfg.checkpoint_dtype} needs {cfg.torch_checkpoint_dtype}; set "
+                                 "--mamba-ssm-dtype accordingly (the launcher does)")
+            drafts = kwargs.get("speculative_num_draft_tokens")
+            run_cfg = dataclasses.replace(cfg, max_draft_tokens=drafts - 1) if drafts else cfg
+            self.replay = StatePool(spec, run_cfg, num_layers=temporal.shape[0], num_slots=temporal.shape[1],
+                                    device=temporal.device, backend=backend, checkpoint=temporal,
+                                    state_layout="vk")
+            self.replay.allocated.fill_(True)  # SGLang's MambaSlotAllocator owns the slots
+            for layer in range(temporal.shape[0]):
+                _BY_STATE[_key(temporal[layer])] = (weakref.ref(self), layer)
+
+        def clear_slots(self, indices: torch.Tensor):
+            super().clear_slots(indices)
+            self.replay.refresh(_slots(self.replay, indices))
+
+        def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
+            self.replay.flush(_slots(self.replay, src_indices).unique())
+            super().copy_from(src_indices, dst_indices)
+            self.replay.refresh(_slots(self.replay, dst_indices))
+
+        def get_cpu_copy(self, indices):
+            self.replay.flush(_slots(self.replay, indices).unique())
+            return super().get_cpu_copy(indices)
+
+        def load_cpu_copy(self, mamba_cache_cpu, indices):
+            super().load_cpu_copy(mamba_cache_cpu, indices)
+            self.replay.refresh(_slots(self.replay, indices))
+
+    return ReplayMambaPool
+
+
+def _key(state: torch.Tensor) -> tuple[int, tuple[int, ...]]:
+    return state.data_ptr(), tuple(state.shape)
+
+
+def _slots(pool: StatePool, indices: torch.Tensor) -> torch.Tensor:
+    """SGLang slot indices (int32/int64 ``[n]``) as StatePool slots (int64 on the pool device)."""
+    if not isinstance(indices, torch.Tensor) or indices.dtype not in (torch.int32, torch.int64) \
+            or indices.dim() != 1:
+        got = f"{indices.dtype} {list(indices.shape)}" if isinstance(indices, torch.Tensor) else type(indices).__name__
+        raise ValueError(f"indices: expected int32 or int64 slot indices of shape [n], got {got}")
+    return indices.to(device=pool.device, dtype=torch.int64)
+
+
+def lookup(ssm_state: torch.Tensor):
+    """``(ReplayMambaPool, layer)`` whose checkpoint is ``ssm_state`` (one layer of ``temporal``), or None."""
+    entry = _BY_STATE.get(_key(ssm_state))
+    if entry is None:
+        return None
+    owner = entry[0]()
+    if owner is None or owner.mamba_cache.temporal[entry[1]].data_ptr() != ssm_state.data_ptr():
+        return None
+    return owner, entry[1]
+
+
+def after_prefill(ssm_state: torch.Tensor, prefill_slots: torch.Tensor) -> None:
+    """Prefill wrote ``ssm_state[prefill_slots]`` itself: reset those rows of that layer (updated in place).
+
+    ``ssm_state``: one layer of a ``ReplayMambaPool``'s ``temporal``, ``[size + 1, H, P, N]`` (Mamba-2)
+    or ``[size + 1, HV, V, K]`` (GDN / KDA);
+    ``prefill_slots``: int32/int64 ``[n]``. A state that belongs to no replay pool is left alone.
+    """
+    found = lookup(ssm_state)
+    if found is not None:
+        owner, layer = found
+        owner.replay.refresh(_slots(owner.replay, prefill_slots), layer=layer)
+
+
+def flush_for_tree(req_to_token_pool, mamba_pool_idx: torch.Tensor) -> None:
+    """Fold the ring of a finishing request's slot into its checkpoint, in every layer (in place).
+
+    ``req_to_token_pool``: SGLang's ``HybridReqToTokenPool``; ``mamba_pool_idx``: the request's
+    0-d slot tensor (virtual under the unified memory pool). The radix tree then holds the whole
+    state at the request's last token, with its conv window at the same token. No-op when the
+    mamba pool is not a replay pool.
+    """
+    owner = req_to_token_pool.mamba_pool
+    if hasattr(owner, "replay"):
+        slot = req_to_token_pool.translate_mamba_indices(mamba_pool_idx.view(1))
+        owner.replay.flush(_slots(owner.replay, slot))

@@ -1,0 +1,383 @@
+"""Replay inside SGLang 0.5.23 on the CPU, through SGLang's real pool classes and its Mamba-2 call site.
+
+The pool under test is built by SGLang's own ``HybridReqToTokenPool`` (``mamba_pool_cls`` set by the
+hooks); steps go through the patched ``selective_state_update`` of SGLang's mamba module with the
+arguments ``MambaMixer2.forward`` builds; results are checked against the fp64 step recurrence and,
+for rings and cursors, bit-exactly against a standalone ``StatePool`` fed the same inputs.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+import replayssm as rs  # noqa: E402
+from helpers import TOL, Params, make_inputs, rms_ratio, step_oracle, f64, token  # noqa: E402
+from replayssm.integrations.sglang import hooks, options, plugin, pool as replay_pool  # noqa: E402
+
+from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape  # noqa: E402
+from sglang.srt.layers.attention.mamba import mamba as mamba_mod  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool, MambaPool  # noqa: E402
+
+H, P, N, G = 4, 6, 16, 2
+LAYERS = [1, 3]                     # model layer ids of the two mamba layers
+SPEC = rs.LayerSpec.mamba2(num_heads=H, head_dim=P, state_dim=N, num_groups=G)
+
+
+def _cache_params(dtype=torch.float32):
+    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=H * P, n_groups=G, num_heads=H,
+                                    head_dim=P, state_size=N, conv_kernel=4)
+    return Mamba2CacheParams(shape=shape, layers=LAYERS, dtype=Mamba2StateDType(conv=torch.float32, temporal=dtype))
+
+
+def _req_pool(draft_tokens=None, dtype=torch.float32):
+    return HybridReqToTokenPool(size=8, mamba_size=6, mamba_spec_state_size=8, max_context_len=64, device="cpu",
+                                enable_memory_saver=False, cache_params=_cache_params(dtype), mamba_layer_ids=LAYERS,
+                                enable_mamba_extra_buffer=False, speculative_num_draft_tokens=draft_tokens)
+
+
+@pytest.fixture
+def replay_on():
+    """The hooks installed with a small window (flushes every 4 tokens) and an fp8 read copy."""
+    cfg = rs.ReplayConfig(window=4, read_format="fp8", ring_dtype="float32")
+    hooks.install(cfg)
+    yield cfg
+    hooks.uninstall()
+
+
+def _sglang_args(inp: dict, slots: torch.Tensor, out: torch.Tensor, verify_T=None):
+    """``selective_state_update`` arguments exactly as MambaMixer2.forward builds them from per-head values."""
+    A_d = inp["A"][:, None, ...][:, :, None].expand(-1, P, N).to(dtype=torch.float32)
+    dt_d = inp["dt"][..., None].expand(*inp["dt"].shape, P)
+    args = dict(dt_bias=inp["dt_bias"][:, None, ...].expand(-1, P), dt_softplus=True,
+                state_batch_indices=slots.to(torch.int32), out=out, z=None)
+    if verify_T is not None:
+        args.update(disable_state_update=True, intermediate_states_buffer=None, cache_steps=verify_T,
+                    retrieve_parent_token=None,
+                    intermediate_state_indices=torch.arange(slots.numel(), dtype=torch.int32))
+    return (inp["x"], dt_d, A_d, inp["B"], inp["C"], inp["D"][:, None, ...].expand(-1, P)), args
+
+
+class Run:
+    """A replay SGLang pool, a standalone StatePool and the fp64 oracle, stepped together."""
+
+    def __init__(self, req_pool, cfg, gen):
+        self.req_pool, self.gen = req_pool, gen
+        self.mp = req_pool.mamba_pool
+        self.cfg = self.mp.replay.cfg
+        self.twin = rs.StatePool(SPEC, self.cfg, num_layers=len(LAYERS), num_slots=self.mp.size + 1,
+                                 backend="reference")
+        self.twin.allocated.fill_(True)
+        self.params = Params(SPEC, len(LAYERS), gen)
+        self.oracle = {}                                  # (layer, slot) -> fp64 state
+
+    def clear(self, slots):
+        """A fresh slot: SGLang's clear_slots (the twin sees the same host write)."""
+        self.mp.clear_slots(slots)
+        self.twin.refresh(slots)
+
+    def prefill(self, slots):
+        """What SGLang's prefill does: write ``temporal`` rows, then the mixer hook's after_prefill."""
+        for layer in range(len(LAYERS)):
+            state = torch.randn(slots.numel(), H, P, N, generator=self.gen) * 0.3
+            self.mp.mamba_cache.temporal[layer][slots] = state
+            replay_pool.after_prefill(self.req_pool.mamba2_layer_cache(LAYERS[layer]).temporal, slots)
+            self.twin.write_state(layer, slots, state)
+            for i, s in enumerate(slots.tolist()):
+                self.oracle[layer, s] = state[i].double()
+
+    def decode(self, slots):
+        """One token through every layer; slots may hold -1 (padding). Returns the worst error."""
+        worst = 0.0
+        real = slots >= 0
+        for layer in range(len(LAYERS)):
+            inp = make_inputs(SPEC, self.params, layer, slots.numel(), None, self.gen, gate=False)
+            out = torch.full((slots.numel(), H, P), float("nan"))
+            args, kw = _sglang_args(inp, slots, out)
+            ssm_state = self.req_pool.mamba2_layer_cache(LAYERS[layer]).temporal
+            assert mamba_mod.selective_state_update(ssm_state, *args, **kw) is out
+            rs.decode(self.twin, layer, slots, **inp)
+            rows = {k: (v if k in ("A", "D", "dt_bias") else v[real]) for k, v in inp.items()}
+            live = slots[real].tolist()
+            y, S = step_oracle(SPEC, torch.stack([self.oracle[layer, s] for s in live]), f64(rows))
+            for i, s in enumerate(live):
+                self.oracle[layer, s] = S[i]
+            assert bool(out[~real].eq(0).all()), "padded rows must come back zero"
+            worst = max(worst, rms_ratio(out[real], y))
+        return worst
+
+    def verify(self, slots, T):
+        """T draft tokens through every layer (uncommitted); returns (worst error, per-layer inputs)."""
+        worst, kept = 0.0, []
+        for layer in range(len(LAYERS)):
+            inp = make_inputs(SPEC, self.params, layer, slots.numel(), T, self.gen, gate=False)
+            out = torch.full((slots.numel(), T, H, P), float("nan"))
+            args, kw = _sglang_args(inp, slots, out, verify_T=T)
+            ssm_state = self.req_pool.mamba2_layer_cache(LAYERS[layer]).temporal
+            mamba_mod.selective_state_update(ssm_state, *args, **kw)
+            rs.verify(self.twin, layer, slots, **inp)
+            S = torch.stack([self.oracle[layer, s] for s in slots.tolist()])
+            ys = []
+            for t in range(T):
+                y, S = step_oracle(SPEC, S, f64(token(inp, t)))
+                ys.append(y)
+            worst = max(worst, rms_ratio(out, torch.stack(ys, 1)))
+            kept.append(inp)
+        return worst, kept
+
+    def accept(self, slots, accepted, kept):
+        """Commit ``accepted`` tokens in both pools; the oracle replays the kept prefix."""
+        self.mp.replay.commit(slots, accepted)
+        self.twin.commit(slots, accepted)
+        self.accept_oracle(slots, accepted, kept)
+
+    def accept_oracle(self, slots, accepted, kept):
+        for layer, inp in enumerate(kept):
+            for i, s in enumerate(slots.tolist()):
+                S = self.oracle[layer, s][None]
+                for t in range(int(accepted[i])):
+                    _, S = step_oracle(SPEC, S, f64(token({k: (v if k in ("A", "D", "dt_bias") else v[i:i + 1])
+                                                           for k, v in inp.items()}, t)))
+                self.oracle[layer, s] = S[0]
+
+    def state_error(self, slots):
+        return max(rms_ratio(self.mp.replay.read_state(layer, slots),
+                             torch.stack([self.oracle[layer, s] for s in slots.tolist()]))
+                   for layer in range(len(LAYERS)))
+
+    def assert_ring_matches_twin(self):
+        for name, buf in self.mp.replay.ring.items():
+            assert torch.equal(buf, self.twin.ring[name]), name
+        for name, cur in self.mp.replay.cursors.items():
+            assert torch.equal(cur, self.twin.cursors[name]), name
+
+
+def test_replay_off_leaves_sglang_untouched():
+    kernel, forward = mamba_mod.selective_state_update, mamba_mod.MambaMixer2.forward
+    assert HybridReqToTokenPool.mamba_pool_cls is MambaPool and not hooks.installed()
+    plugin.load()                                            # no REPLAYSSM_SGLANG: a no-op
+    assert options.ENV_VAR not in __import__("os").environ
+    assert HybridReqToTokenPool.mamba_pool_cls is MambaPool and mamba_mod.selective_state_update is kernel
+    mp = _req_pool().mamba_pool
+    assert type(mp) is MambaPool and not hasattr(mp, "replay") and mp.replayssm_write_pos is None
+    hooks.install(rs.ReplayConfig())
+    assert HybridReqToTokenPool.mamba_pool_cls is not MambaPool and mamba_mod.selective_state_update is not kernel
+    hooks.install(rs.ReplayConfig())                         # same config: a no-op
+    with pytest.raises(ValueError, match="cfg: replay is installed with"):
+        hooks.install(rs.ReplayConfig(window=8))
+    hooks.uninstall()
+    assert HybridReqToTokenPool.mamba_pool_cls is MambaPool and mamba_mod.selective_state_update is kernel
+    assert mamba_mod.MambaMixer2.forward is forward
+
+
+def test_pool_wraps_sglang_temporal_without_copy(replay_on):
+    mp = _req_pool().mamba_pool
+    temporal = mp.mamba_cache.temporal                      # [layers, size + 1, H, P, N]
+    assert isinstance(mp, MambaPool) and mp.replay.spec == SPEC and mp.replay.cfg == replay_on
+    assert mp.replay.checkpoint.data_ptr() == temporal.data_ptr() and mp.replay.checkpoint.shape == temporal.shape
+    assert mp.replay.num_slots == mp.size + 1 and mp.replay.num_layers == len(LAYERS)
+    assert mp.replay.read["codes"].dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_decode_through_sglang_call_site_matches_step_recurrence(backend):
+    """Both StatePool backends behind the adapter (the Triton kernels in Triton's interpreter on a CPU)."""
+    cfg = rs.ReplayConfig(window=4, read_format="fp8", ring_dtype="float32")
+    hooks.install(cfg, backend=backend)
+    try:
+        _decode_run(cfg, backend)
+    finally:
+        hooks.uninstall()
+
+
+def _decode_run(cfg, backend):
+    gen = torch.Generator().manual_seed(0)
+    run = Run(_req_pool(), cfg, gen)
+    assert run.mp.replay.backend == backend
+    slots = run.req_pool.mamba_allocator.alloc(3)
+    run.clear(slots)
+    run.prefill(slots)
+    batch = torch.cat((slots[:2], torch.tensor([-1]), slots[2:]))
+    errs = [run.decode(batch) for _ in range(10)]           # 10 tokens: flushes at 4 and 8
+    assert max(errs) < TOL["fp8"] and sum(errs) / len(errs) < TOL["fp8"] / 4, errs
+    assert run.state_error(slots) < TOL["float32"]
+    assert run.req_pool.mamba_pool.replay.cursors["count"][:, slots].eq(2).all()
+    run.assert_ring_matches_twin()
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_verify_and_commit_match_step_recurrence(backend):
+    cfg = rs.ReplayConfig(window=4, ring_dtype="float32")
+    hooks.install(cfg, backend=backend)
+    try:
+        gen = torch.Generator().manual_seed(1)
+        run = Run(_req_pool(draft_tokens=3), cfg, gen)
+        assert run.cfg.max_draft_tokens == 2              # from SGLang's speculative_num_draft_tokens
+        slots = run.req_pool.mamba_allocator.alloc(2)
+        run.clear(slots)
+        run.prefill(slots)
+        for accepted in ([1, 3], [3, 2], [2, 2], [3, 1]):
+            run.decode(slots)
+            err, kept = run.verify(slots, 3)
+            assert err < TOL["float32"], err
+            run.accept(slots, torch.tensor(accepted), kept)
+        assert run.state_error(slots) < TOL["float32"]
+        run.assert_ring_matches_twin()
+    finally:
+        hooks.uninstall()
+
+
+def _backends(req_pool, server_args):
+    """SGLang's real HybridLinearAttnBackend over a real Mamba2AttnBackend. ModelRunner needs a loaded
+    model, so the runner is a namespace with just the fields the backends' constructors read."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend, Mamba2AttnBackend
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    runner = SimpleNamespace(server_args=server_args, device="cpu", is_draft_worker=False, req_to_token_pool=req_pool,
+                             token_to_kv_pool=None)
+    return HybridLinearAttnBackend(TorchNativeAttnBackend(runner), Mamba2AttnBackend(runner), [0, 2]), runner
+
+
+def test_commit_after_verify_through_sglangs_backend(server_args):
+    from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
+    cfg = rs.ReplayConfig(window=4, ring_dtype="float32")
+    hooks.install(cfg)
+    try:
+        gen = torch.Generator().manual_seed(5)
+        run = Run(_req_pool(draft_tokens=3), cfg, gen)
+        backend, _ = _backends(run.req_pool, server_args)
+        slots = run.req_pool.mamba_allocator.alloc(2)
+        run.clear(slots)
+        run.prefill(slots)
+        caches = run.req_pool.get_speculative_mamba2_params_all_layers()
+        for accepted in ([3, 1], [2, 3], [1, 2]):
+            run.decode(slots)
+            err, kept = run.verify(slots, 3)
+            assert err < TOL["float32"], err
+            for w in caches.intermediate_conv_window:             # per-draft conv windows (may overlap)
+                w.copy_(torch.randn(w.shape, generator=gen))
+            windows = [w.clone() for w in caches.intermediate_conv_window]
+            backend.linear_attn_backend.forward_metadata = ForwardMetadata(
+                query_start_loc=torch.arange(3, dtype=torch.int32) * 3, mamba_cache_indices=slots.to(torch.int32))
+            steps = torch.tensor(accepted) - 1
+            backend.update_mamba_state_after_mtp_verify(steps, None, None, model=None)
+            run.twin.commit(slots, torch.tensor(accepted))
+            run.accept_oracle(slots, torch.tensor(accepted), kept)
+            for conv, new in zip(caches.conv, windows):            # conv rolled back to the last accepted token
+                for row, s in enumerate(slots.tolist()):
+                    assert torch.equal(conv[:, s], new[:, row, int(steps[row])])
+            assert run.req_pool.mamba_pool.replay.pending[:, slots].eq(0).all()
+        assert run.state_error(slots) < TOL["float32"]
+        run.assert_ring_matches_twin()
+        with pytest.raises(RuntimeError, match="mamba_track_indices: replayssm serves"):
+            backend.update_mamba_state_after_mtp_verify(steps, slots, steps, model=None)
+    finally:
+        hooks.uninstall()
+
+
+def test_a_gdn_backend_on_a_mamba2_pool_is_refused(server_args, replay_on):
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+    from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
+    _, runner = _backends(_req_pool(), server_args)
+    runner.linear_attn_backends = resolve_linear_attn_backends()
+    with pytest.raises(RuntimeError, match="GDNAttnBackend serves gdn layers but the replay pool was built for mamba2"):
+        GDNAttnBackend(runner)
+
+
+def test_slot_events_follow_sglang_clear_copy_and_host_copy(replay_on):
+    gen = torch.Generator().manual_seed(2)
+    run = Run(_req_pool(), replay_on, gen)
+    mp = run.req_pool.mamba_pool
+    a, b, c = (run.req_pool.mamba_allocator.alloc(1) for _ in range(3))
+    run.clear(torch.cat((a, c)))
+    run.prefill(torch.cat((a, c)))
+    for _ in range(3):
+        run.decode(torch.cat((a, c)))                        # count 3: the ring holds tokens
+    want = [run.oracle[layer, a.item()] for layer in range(len(LAYERS))]
+    mp.copy_from(a, b)                                       # COW / no_buffer copy for the tree
+    for layer in range(len(LAYERS)):
+        assert rms_ratio(mp.mamba_cache.temporal[layer, b.item()], want[layer]) < TOL["float32"]
+        assert rms_ratio(mp.mamba_cache.temporal[layer, a.item()], want[layer]) < TOL["float32"]
+    assert mp.replay.cursors["count"][:, torch.cat((a, b))].eq(0).all()
+    _assert_read_copy_is_encoded_checkpoint(mp, torch.cat((a, b)))
+    host = mp.get_cpu_copy(c)                                # the host copy is the whole state
+    for layer in range(len(LAYERS)):
+        assert rms_ratio(host[1][layer, 0], run.oracle[layer, c.item()]) < TOL["float32"]
+    mp.clear_slots(c)
+    assert mp.mamba_cache.temporal[:, c].eq(0).all() and mp.replay.cursors["count"][:, c].eq(0).all()
+    _assert_read_copy_is_encoded_checkpoint(mp, c)
+    mp.load_cpu_copy(host, c)
+    assert torch.equal(mp.mamba_cache.temporal[:, c], host[1])
+    _assert_read_copy_is_encoded_checkpoint(mp, c)
+
+
+def test_finishing_request_slot_is_flushed_before_the_tree_takes_it(replay_on):
+    gen = torch.Generator().manual_seed(3)
+    run = Run(_req_pool(), replay_on, gen)
+    mp = run.req_pool.mamba_pool
+    slot = run.req_pool.mamba_allocator.alloc(1)
+    run.clear(slot)
+    run.prefill(slot)
+    for _ in range(6):
+        run.decode(slot)
+    assert mp.replay.cursors["count"][:, slot].eq(2).all()
+    replay_pool.flush_for_tree(run.req_pool, slot[0])
+    assert mp.replay.cursors["count"][:, slot].eq(0).all()
+    for layer in range(len(LAYERS)):
+        assert rms_ratio(mp.mamba_cache.temporal[layer, slot[0]], run.oracle[layer, slot.item()]) < TOL["float32"]
+    _assert_read_copy_is_encoded_checkpoint(mp, slot)
+
+
+def _assert_read_copy_is_encoded_checkpoint(mp, slots):
+    from replayssm import formats
+    for layer in range(len(LAYERS)):
+        codes, bs, rs_ = formats.quantize(mp.replay.checkpoint[layer, slots].float(), "fp8")
+        assert torch.equal(mp.replay.read["codes"][layer, slots].view(torch.uint8), codes.view(torch.uint8))
+        assert torch.equal(mp.replay.read["row_scale"][layer, slots], rs_)
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda a, kw: a.__setitem__(1, a[1].contiguous()), "dt: expected per-head values broadcast"),
+    (lambda a, kw: a.__setitem__(2, a[2].contiguous()), "A: expected per-head values broadcast"),
+    (lambda a, kw: kw.update(dt_softplus=False), "dt_softplus: replay applies softplus"),
+    (lambda a, kw: kw.update(disable_state_update=True), "disable_state_update: expected False"),
+    (lambda a, kw: kw.update(enable_stochastic_rounding=True), "enable_stochastic_rounding: SGLang's"),
+    (lambda a, kw: kw.update(out=None), "out: expected an output buffer"),
+    (lambda a, kw: kw.update(state_batch_indices=kw["state_batch_indices"].float()), "indices: expected int32"),
+    (lambda a, kw: a.__setitem__(0, a[0].to(torch.bfloat16)), "x: expected dtype torch.float32"),
+])
+def test_bad_call_site_arguments_are_named(replay_on, change, match):
+    gen = torch.Generator().manual_seed(4)
+    run = Run(_req_pool(), replay_on, gen)
+    slots = run.req_pool.mamba_allocator.alloc(2)
+    inp = make_inputs(SPEC, run.params, 0, 2, None, gen, gate=False)
+    args, kw = _sglang_args(inp, slots, torch.empty(2, H, P))
+    args = list(args)
+    change(args, kw)
+    with pytest.raises((ValueError, TypeError), match=match):
+        mamba_mod.selective_state_update(run.req_pool.mamba2_layer_cache(LAYERS[0]).temporal, *args, **kw)
+
+
+def test_pool_refusals(replay_on):
+    with pytest.raises(ValueError, match="cache_params: SGLang stores the ssm state as torch.bfloat16"):
+        _req_pool(dtype=torch.bfloat16)
+    empty = Mamba2CacheParams(shape=Mamba2StateShape.create_full_rank(tp_world_size=1, intermediate_size=0,
+                                                                     state_size=N, conv_kernel=4),
+                              layers=LAYERS, dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
+    with pytest.raises(ValueError, match=r"cache_params: temporal \(0, 1, 16\) is empty"):
+        HybridReqToTokenPool.mamba_pool_cls(size=4, spec_state_size=4, cache_params=empty, mamba_layer_ids=LAYERS,
+                                            device="cpu")
+    cls = HybridReqToTokenPool.mamba_pool_cls
+    with pytest.raises(ValueError, match="enable_linear_replayssm: SGLang's own replay cannot run beside"):
+        cls(size=4, spec_state_size=4, cache_params=_cache_params(), mamba_layer_ids=LAYERS, device="cpu",
+            enable_linear_replayssm=True)
+
+
+def test_a_state_outside_a_replay_pool_is_refused(replay_on):
+    stray = torch.zeros(7, H, P, N)
+    inp = make_inputs(SPEC, Params(SPEC, 1, torch.Generator().manual_seed(6)), 0, 2, None,
+                      torch.Generator().manual_seed(6), gate=False)
+    args, kw = _sglang_args(inp, torch.tensor([1, 2]), torch.empty(2, H, P))
+    with pytest.raises(ValueError, match="state: not a layer of a ReplayMambaPool's temporal tensor"):
+        mamba_mod.selective_state_update(stray, *args, **kw)
