@@ -92,6 +92,34 @@ def test_prompt_lookup_speculative_matches_greedy(setup):
     assert run.notes["drafted"] > 0
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_triton_backend_matches(name):
+    """The Triton kernels (compiled on a GPU, Triton's interpreter on a CPU) behind the same
+    adapter: greedy and speculative tokens match transformers' cache."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    steps = 10
+    model = tiny_model(name, device=device)
+    prompt = torch.randint(3, model.config.vocab_size, (1, demo.PROMPT_LEN), generator=torch.Generator().manual_seed(1))
+    prompt = prompt.to(device)
+    ref = demo.decode_greedy(model, DynamicCache(config=model.config), contextlib.nullcontext(), prompt, steps,
+                             lambda n: None)
+    cache = ReplayCache(model, rs.ReplayConfig(window=WINDOW), batch_size=1, backend="triton")
+    run = demo.decode_greedy(model, cache, cache.routing(), prompt, steps, lambda n: None)
+    assert run.tokens == ref.tokens
+    assert demo.logit_drift(run, ref).max() < LOGIT_TOL
+    start = prompt.shape[1]
+
+    def drafts(tokens, k):
+        pos = len(tokens) - start
+        guess = ref.tokens[pos:pos + k]
+        return [t if (pos + i) % 3 else (t + 1) % model.config.vocab_size for i, t in enumerate(guess)]
+
+    cache = ReplayCache(model, rs.ReplayConfig(window=WINDOW, max_draft_tokens=DRAFTS), batch_size=1, backend="triton")
+    run = demo.decode_speculative(model, cache, prompt, steps, lambda n: None, draft=drafts)
+    assert run.tokens == ref.tokens
+    assert 0 < run.notes["accepted"] < run.notes["drafted"]
+
+
 def test_lookup_drafts():
     assert demo.lookup_drafts([5, 6, 7, 8, 5, 6], 2) == [7, 8]
     assert demo.lookup_drafts([1, 2, 3], 2) == []

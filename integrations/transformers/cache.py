@@ -79,6 +79,12 @@ def _per_head(name: str, t: torch.Tensor | None, dims: int) -> torch.Tensor | No
     return t[(Ellipsis,) + (0,) * dims]
 
 
+def _dense(**inputs) -> dict:
+    """The step inputs with contiguous tensors (the Triton kernels take a dense last axis; the
+    model hands over views of its projections)."""
+    return {name: t.contiguous() if isinstance(t, torch.Tensor) else t for name, t in inputs.items()}
+
+
 class ReplayCache(DynamicCache):
     """A DynamicCache whose recurrent layers keep their state in ``self.pool`` (a StatePool).
 
@@ -221,13 +227,13 @@ class ReplayCache(DynamicCache):
             raise ValueError("dt_softplus: replayssm applies softplus to dt + dt_bias; got dt_softplus=False")
         if verify:
             x = a["hidden_states"]
-            y = rs.verify(self.pool, j, self.slots, x=x, dt=a["dt"], A=a["A"], B=a["B"], C=a["C"], D=a.get("D"),
-                          dt_bias=a.get("dt_bias"))
+            y = rs.verify(self.pool, j, self.slots, **_dense(x=x, dt=a["dt"], A=a["A"], B=a["B"], C=a["C"],
+                                                             D=a.get("D"), dt_bias=a.get("dt_bias")))
             self._count(x.shape[1], True)
             return (y, self._handles[j]) if a.get("return_final_states") else y
-        y = rs.decode(self.pool, j, self.slots, x=a["hidden_states"], dt=_per_head("dt", a["dt"], 1),
-                      A=_per_head("A", a["A"], 2), B=a["B"], C=a["C"], D=_per_head("D", a.get("D"), 1),
-                      dt_bias=_per_head("dt_bias", a.get("dt_bias"), 1), z=a.get("z"))
+        y = rs.decode(self.pool, j, self.slots, **_dense(
+            x=a["hidden_states"], dt=_per_head("dt", a["dt"], 1), A=_per_head("A", a["A"], 2), B=a["B"], C=a["C"],
+            D=_per_head("D", a.get("D"), 1), dt_bias=_per_head("dt_bias", a.get("dt_bias"), 1), z=a.get("z")))
         self._count(1, False)
         return y
 
@@ -246,9 +252,9 @@ class ReplayCache(DynamicCache):
                       beta=a["beta"].float())
         T = q.shape[1]
         if verify:
-            o = rs.verify(self.pool, j, self.slots, scale=self.spec.head_k_dim ** -0.5, **inputs)
+            o = rs.verify(self.pool, j, self.slots, scale=self.spec.head_k_dim ** -0.5, **_dense(**inputs))
         else:
             o = rs.decode(self.pool, j, self.slots, scale=self.spec.head_k_dim ** -0.5,
-                          **{name: t[:, 0] for name, t in inputs.items()}).unsqueeze(1)
+                          **_dense(**{name: t[:, 0] for name, t in inputs.items()})).unsqueeze(1)
         self._count(T, verify)
         return o.to(a["query"].dtype), (self._handles[j] if a.get("output_final_state") else None)
