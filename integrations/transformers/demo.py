@@ -11,9 +11,9 @@ a prompt with the model's own code, then decodes greedily:
 - ``replay fp8`` / ``replay nvfp4``: read copies for the outputs, fed the reference tokens
   (teacher-forced) so that their logits compare step by step.
 
-It prints one table (tokens identical, largest relative logit difference against the reference,
-recurrent-state bytes written per generated token, decode time) and writes a PNG of the logit
-drift per step. On CUDA the pool runs the Triton kernels (backend "auto"); elsewhere the
+It prints one table (tokens identical, largest and median relative logit difference against
+the reference, recurrent-state bytes written per generated token, decode time) and writes a PNG
+of the logit difference per step. On CUDA the pool runs the Triton kernels (backend "auto"); elsewhere the
 reference backend.
 """
 
@@ -222,7 +222,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m replayssm.demo", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda (Triton kernels)")
     ap.add_argument("--steps", type=int, default=300, help="tokens decoded per run (>= 2)")
     ap.add_argument("--window", type=int, default=16, help="replay window L")
@@ -233,7 +233,12 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.steps < 2:
         ap.error(f"--steps: expected >= 2, got {args.steps}")
-    device = torch.device(args.device)
+    if args.drafts < 1:
+        ap.error(f"--drafts: expected >= 1, got {args.drafts}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        ap.error(f"--device: {e}")
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device is available")
 
