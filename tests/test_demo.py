@@ -120,6 +120,30 @@ def test_triton_backend_matches(name):
     assert 0 < run.notes["accepted"] < run.notes["drafted"]
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_batch_of_two(name):
+    """Two sequences in one pool (one slot each) decode like transformers' batched cache."""
+    model = tiny_model(name)
+    prompt = torch.randint(3, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
+
+    @torch.no_grad()
+    def greedy(cache, routing):
+        chosen, rows = [], []
+        with routing:
+            logits = model(prompt, past_key_values=cache, use_cache=True).logits[:, -1]
+            for _ in range(2 * WINDOW + 1):
+                chosen.append(logits.argmax(-1, keepdim=True))
+                rows.append(logits)
+                logits = model(chosen[-1], past_key_values=cache, use_cache=True).logits[:, -1]
+        return torch.cat(chosen, 1), torch.stack(rows)
+
+    ref_tokens, ref_logits = greedy(DynamicCache(config=model.config), contextlib.nullcontext())
+    cache = ReplayCache(model, rs.ReplayConfig(window=WINDOW), batch_size=2, backend="reference")
+    tokens, logits = greedy(cache, cache.routing())
+    assert torch.equal(tokens, ref_tokens)
+    assert ((logits - ref_logits).norm(dim=-1) / ref_logits.norm(dim=-1)).max() < LOGIT_TOL
+
+
 def test_lookup_drafts():
     assert demo.lookup_drafts([5, 6, 7, 8, 5, 6], 2) == [7, 8]
     assert demo.lookup_drafts([1, 2, 3], 2) == []

@@ -162,7 +162,8 @@ class ReplayCache(DynamicCache):
                 setattr(module, name, fn)
 
     def commit(self, num_accepted: int) -> None:
-        """Keep the first ``num_accepted`` (1..T) tokens of the last forward of T tokens.
+        """Keep the first ``num_accepted`` (1..T) tokens of the last forward of T tokens, the same
+        count for every sequence (transformers crops its caches uniformly).
 
         Commits the pool's verify in every recurrent layer (T > 1; a one-token forward was a
         committed decode) and crops the attention keys / values and the recorded conv states of
