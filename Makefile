@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,demo]"
 	$(PY) -m pip install -q --no-deps $(SGLANG)
 	$(PY) -m pip install -q $(SGLANG_DEPS)
 	touch $(STAMP)

@@ -11,11 +11,12 @@ def _imports_after(stmt: str) -> set[str]:
 
 
 def test_core_imports_no_triton_or_framework():
-    mods = _imports_after("import replayssm, replayssm.backend_reference, replayssm.formats")
+    mods = _imports_after("import replayssm, replayssm.backend_reference, replayssm.formats, replayssm.demo")
     banned = {"triton", "sglang", "tensorrt", "tensorrt_llm", "transformers"}
     assert not {m.split(".")[0] for m in mods} & banned
 
 
 def test_integrations_import_without_frameworks():
-    mods = _imports_after("import replayssm.integrations.sglang, replayssm.integrations.trtllm")
-    assert not {m.split(".")[0] for m in mods} & {"sglang", "tensorrt", "tensorrt_llm"}
+    mods = _imports_after("import replayssm.integrations.sglang, replayssm.integrations.trtllm, "
+                          "replayssm.integrations.transformers")
+    assert not {m.split(".")[0] for m in mods} & {"sglang", "tensorrt", "tensorrt_llm", "transformers"}

@@ -19,6 +19,7 @@ def test_wheel_contents_and_a_step():
     assert "version 1" in importlib.resources.files("replayssm").joinpath("RING.md").read_text()
     import replayssm.integrations.sglang  # noqa: F401
     import replayssm.integrations.trtllm  # noqa: F401
+    import replayssm.integrations.transformers.demo  # noqa: F401
     from replayssm.kernels.mamba2 import reference  # noqa: F401
     import replayssm.kernels.backend  # noqa: F401  (every kernel module)
     spec = rs.LayerSpec.gdn(num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=8)
