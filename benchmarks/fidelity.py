@@ -39,18 +39,18 @@ SPLIT = {"fp32 ckpt + fp8 read": ("float32", "fp8"), "fp32 ckpt + nvfp4 read": (
 
 def inputs(spec, n, gen, A):
     """One step's inputs with long memory: per-token decays of 0.001 % to 0.4 % (memories of ~250 to
-    ~100K tokens), the regime where stored-state rounding accumulates."""
+    ~100K tokens), the regime where stored-state rounding accumulates. Drawn on ``gen``'s device."""
+    dev = gen.device
+    randn = lambda *shape: torch.randn(*shape, generator=gen, device=dev)  # noqa: E731
+    rand = lambda *shape: torch.rand(*shape, generator=gen, device=dev)  # noqa: E731
     if spec.family == "mamba2":
         H, P, N, G = spec.num_heads, spec.head_dim, spec.state_dim, spec.num_groups
-        return dict(x=torch.randn(n, H, P, generator=gen), dt=torch.rand(n, H, generator=gen) * 2 - 6, A=A,
-                    B=torch.randn(n, G, N, generator=gen) * 0.3, C=torch.randn(n, G, N, generator=gen) * 0.3,
-                    D=torch.ones(H), dt_bias=torch.zeros(H))
+        return dict(x=randn(n, H, P), dt=rand(n, H) * 2 - 6, A=A, B=randn(n, G, N) * 0.3, C=randn(n, G, N) * 0.3,
+                    D=torch.ones(H, device=dev), dt_bias=torch.zeros(H, device=dev))
     HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
     g = (n, HV) if spec.family == "gdn" else (n, HV, K)
-    return dict(q=torch.randn(n, HK, K, generator=gen),
-                k=torch.nn.functional.normalize(torch.randn(n, HK, K, generator=gen), dim=-1),
-                v=torch.randn(n, HV, V, generator=gen), g=-torch.exp(torch.rand(g, generator=gen) * 4.6 - 11.5),
-                beta=torch.rand(n, HV, generator=gen) * 0.5)
+    return dict(q=randn(n, HK, K), k=torch.nn.functional.normalize(randn(n, HK, K), dim=-1), v=randn(n, HV, V),
+                g=-torch.exp(rand(*g) * 4.6 - 11.5), beta=rand(n, HV) * 0.5)
 
 
 def step(spec, state, inp):
@@ -66,31 +66,36 @@ def store_shared(spec, state, fmt, gen):
     if fmt == "fp16":
         return state.to(torch.float16).float()
     if fmt == "fp16_sr":
-        return formats.fp16_stochastic_round(state, torch.rand(state.shape, generator=gen).to(state.device)).float()
+        return formats.fp16_stochastic_round(state, torch.rand(state.shape, generator=gen, device=state.device)).float()
     x = state.transpose(-1, -2) if spec.is_delta else state
     y = formats.dequantize(*formats.quantize(x, fmt), fmt)
     return y.transpose(-1, -2) if spec.is_delta else y
 
 
 def run_family(spec, steps, n, segment, seed=0, device="cpu"):
-    gen = torch.Generator().manual_seed(seed)
-    A = -torch.exp(torch.rand(spec.num_heads, generator=gen) * 3.0 - 4.6) if spec.family == "mamba2" else None
+    """Curves per run: relative output error and KL per ``segment`` steps. Everything stays on
+    ``device`` (inputs drawn there, sums accumulated there) and the host reads the sums once per
+    segment, so a GPU run is not held up by a synchronization per step."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dev = gen.device
+    A = -torch.exp(torch.rand(spec.num_heads, generator=gen, device=dev) * 3.0 - 4.6) \
+        if spec.family == "mamba2" else None
     out_dim = spec.num_heads * spec.head_dim if spec.family == "mamba2" else spec.num_v_heads * spec.head_v_dim
-    head = (torch.randn(512, out_dim, generator=gen, dtype=torch.float64) / math.sqrt(out_dim) * 4).to(device)
-    truth = torch.zeros(n, *spec.state_shape, dtype=torch.float64, device=device)
-    shared = {f: torch.zeros(n, *spec.state_shape, device=device) for f in SHARED}
-    fp32 = torch.zeros(n, *spec.state_shape, device=device)
+    head = torch.randn(512, out_dim, generator=gen, device=dev, dtype=torch.float64) / math.sqrt(out_dim) * 4
+    truth = torch.zeros(n, *spec.state_shape, dtype=torch.float64, device=dev)
+    shared = {f: torch.zeros(n, *spec.state_shape, device=dev) for f in SHARED}
+    fp32 = torch.zeros(n, *spec.state_shape, device=dev)
     pools = {}
     for name, (ck, rf) in SPLIT.items():
         pool = rs.StatePool(spec, rs.ReplayConfig(window=16, checkpoint_dtype=ck, read_format=rf, seed=seed),
-                            num_layers=1, num_slots=n, device=device, backend="auto")
+                            num_layers=1, num_slots=n, device=dev, backend="auto")
         pools[name] = (pool, pool.alloc(n))
     runs = ["fp32 conventional"] + [f"shared {f}" for f in SHARED] + list(SPLIT)
-    acc = {r: dict(err=0.0, ref=0.0, kl=0.0) for r in runs}
+    acc = torch.zeros(len(runs), 3, dtype=torch.float64, device=dev)      # per run: err, ref, kl sums
     curves = {r: [] for r in runs}
-    sr_gen = torch.Generator().manual_seed(seed + 1)
+    sr_gen = torch.Generator(device=device).manual_seed(seed + 1)
     for t in range(steps):
-        inp = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs(spec, n, gen, A).items()}
+        inp = inputs(spec, n, gen, A)
         y_true, truth = step(spec, truth, {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in inp.items()})
         ys = {}
         ys["fp32 conventional"], fp32 = step(spec, fp32, inp)
@@ -101,17 +106,15 @@ def run_family(spec, steps, n, segment, seed=0, device="cpu"):
         for name, (pool, slots) in pools.items():
             ys[name] = rs.decode(pool, 0, slots, **inp)
         logp_true = torch.log_softmax(y_true.reshape(n, -1) @ head.T, -1)
-        for r, y in ys.items():
-            yd = y.double()
-            acc[r]["err"] += (yd - y_true).pow(2).sum().item()
-            acc[r]["ref"] += y_true.pow(2).sum().item()
+        for j, r in enumerate(runs):
+            yd = ys[r].double()
             logp = torch.log_softmax(yd.reshape(n, -1) @ head.T, -1)
-            acc[r]["kl"] += (logp_true.exp() * (logp_true - logp)).sum(-1).mean().item()
+            acc[j] += torch.stack(((yd - y_true).pow(2).sum(), y_true.pow(2).sum(),
+                                   (logp_true.exp() * (logp_true - logp)).sum(-1).mean()))
         if (t + 1) % segment == 0:
-            for r in runs:
-                a = acc[r]
-                curves[r].append(dict(step=t + 1, rel_err=math.sqrt(a["err"] / a["ref"]), kl=a["kl"] / segment))
-                acc[r] = dict(err=0.0, ref=0.0, kl=0.0)
+            for r, (err, ref, kl) in zip(runs, acc.tolist()):
+                curves[r].append(dict(step=t + 1, rel_err=math.sqrt(err / ref), kl=kl / segment))
+            acc.zero_()
     return curves
 
 
