@@ -5,15 +5,20 @@ from __future__ import annotations
 import torch
 
 from .pool import StatePool
-from .validate import LAYER_INPUTS, check_inputs, check_tensor
+from .validate import LAYER_INPUTS, check_inputs, check_slot_tensor, check_tensor
 
 
-def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bool) -> torch.Tensor:
+def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bool, checked: bool) -> torch.Tensor:
     if not isinstance(pool, StatePool):
         raise TypeError(f"pool: expected a StatePool, got {type(pool).__name__}")
     pool._layer(layer)
-    host = pool._slots(slots)
-    n = host.numel()
+    if checked:
+        host = pool._slots(slots)
+    else:
+        _require_unchecked(pool)
+        check_slot_tensor(slots, pool.device)
+        host = None
+    n = slots.numel()
     T = None
     if is_verify:
         lead = inputs.get("x") if pool.spec.family == "mamba2" else inputs.get("v")
@@ -30,21 +35,28 @@ def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bo
         out = torch.empty(shape, dtype=act.dtype, device=pool.device)
     else:
         check_tensor("out", out, shape, pool.device, act.dtype)
-    keep = host >= 0
-    busy = pool.pending[layer, host[keep]]
-    if bool((busy > 0).any()):
-        raise ValueError("slots: a slot has an uncommitted verify in this layer; call pool.commit first")
+    if checked:
+        keep = host >= 0
+        busy = pool.pending[layer, host[keep]]
+        if bool((busy > 0).any()):
+            raise ValueError("slots: a slot has an uncommitted verify in this layer; call pool.commit first")
     if T is None:  # decode: a token axis of one
         inputs = {k: (v if k in LAYER_INPUTS or v is None else v.unsqueeze(1)) for k, v in inputs.items()}
     pool._backend().step(pool, layer, slots, host, inputs, committed=T is None,
                          out=out if T is not None else out.unsqueeze(1))
-    if T is not None:
+    if checked and T is not None:
         pool.pending[layer, host[keep]] = T
     return out
 
 
+def _require_unchecked(pool: StatePool) -> None:
+    if pool.backend != "triton":
+        raise ValueError(f"checked: False needs the triton backend (the {pool.backend!r} backend indexes rows "
+                         "on the host)")
+
+
 def decode(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tensor | None = None,
-           **inputs) -> torch.Tensor:
+           checked: bool = True, **inputs) -> torch.Tensor:
     """One token per slot through one layer; appends to the ring, flushes when it is full.
 
     Args:
@@ -52,6 +64,11 @@ def decode(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tenso
         layer: layer index in ``[0, pool.num_layers)``.
         slots: int64 ``[n]``; -1 marks a padded row (output zero, nothing touched).
         out: optional output buffer, written in place.
+        checked: True validates slot values on the host (allocated, distinct, no uncommitted
+            verify), which synchronizes with the device. False (triton backend only) checks
+            shapes, dtypes and devices only and never reads a device value, so a host can capture
+            the step in a CUDA graph; the slots are then the host's responsibility, and the pool's
+            host-side record of pending verifies is not kept (use ``commit(checked=False)`` too).
         inputs: Mamba-2 ``x [n, H, P]``, ``dt [n, H]`` (raw), ``A [H]``, ``B, C [n, G, N]``,
             ``D [H]``, ``dt_bias [H]``, ``z [n, H, P]`` (last three optional); GDN/KDA
             ``q, k [n, HK, K]``, ``v [n, HV, V]``, ``g [n, HV]`` (GDN) or ``[n, HV, K]`` (KDA),
@@ -59,15 +76,16 @@ def decode(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tenso
     Returns:
         ``y [n, H, P]`` (Mamba-2) or ``o [n, HV, V]`` (GDN/KDA), in the dtype of x / v.
     """
-    return _run(pool, layer, slots, inputs, out, is_verify=False)
+    return _run(pool, layer, slots, inputs, out, is_verify=False, checked=checked)
 
 
 def verify(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tensor | None = None,
-           **inputs) -> torch.Tensor:
+           checked: bool = True, **inputs) -> torch.Tensor:
     """T tokens per slot through one layer, not committed; ``pool.commit`` keeps a prefix.
 
     Takes the inputs of :func:`decode` with a token axis after n (``x [n, T, H, P]``, ...),
     ``1 <= T <= max_draft_tokens + 1``; returns ``[n, T, heads, dim]``. Writes no state unless
     the ring would overflow, in which case it first folds the committed history (RING.md).
+    ``checked`` as in :func:`decode`.
     """
-    return _run(pool, layer, slots, inputs, out, is_verify=True)
+    return _run(pool, layer, slots, inputs, out, is_verify=True, checked=checked)

@@ -8,7 +8,7 @@ import torch
 
 from . import formats, ring
 from .spec import LayerSpec, ReplayConfig
-from .validate import check_slots, check_tensor
+from .validate import check_slot_tensor, check_slots, check_tensor
 
 BACKENDS = ("auto", "reference", "triton")
 
@@ -190,13 +190,27 @@ class StatePool:
             ring.reset(self.cursors, lay, slots, wrote_checkpoint=True)
             self.pending[lay, rows] = 0
 
-    def commit(self, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
+    def commit(self, slots: torch.Tensor, num_accepted: torch.Tensor, *, checked: bool = True) -> None:
         """Keep the first ``num_accepted`` tokens of the last verify of ``slots``, in every layer.
 
         Args:
             slots: int64 ``[n]``. num_accepted: int ``[n]``, each in ``1..T`` of that verify
                 (ignored for padded rows).
+            checked: False (triton backend) skips the host-side checks of slots and counts and
+                reads no device value, for hosts that drive steps with ``checked=False``
+                (``replayssm.decode``); ``num_accepted`` must then be on the pool's device.
         """
+        if not checked:
+            if self.backend != "triton":
+                raise ValueError(f"checked: False needs the triton backend, this pool's is {self.backend!r}")
+            check_slot_tensor(slots, self.device)
+            if not isinstance(num_accepted, torch.Tensor) or num_accepted.dtype.is_floating_point \
+                    or num_accepted.dtype == torch.bool or tuple(num_accepted.shape) != (slots.numel(),) \
+                    or num_accepted.device != self.device:
+                raise ValueError(f"num_accepted: expected an int tensor of shape [{slots.numel()}] on {self.device}")
+            acc = torch.where(slots >= 0, num_accepted.to(torch.int64), 0)
+            self._backend().commit(self.cursors, slots, acc)
+            return
         host = self._slots(slots)
         if not isinstance(num_accepted, torch.Tensor) or num_accepted.dtype.is_floating_point \
                 or num_accepted.dtype == torch.bool or tuple(num_accepted.shape) != (host.numel(),):

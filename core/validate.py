@@ -69,14 +69,19 @@ def check_inputs(spec: LayerSpec, cfg: ReplayConfig, n: int, T: int | None, devi
     return out
 
 
-def check_slots(slots, num_slots: int, allocated: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Slot indices ``[n]`` int64 on ``device``: allocated, distinct, or -1 (padding). Returns them on CPU."""
+def check_slot_tensor(slots, device: torch.device) -> None:
+    """Slot indices: an int64 ``[n]`` tensor on ``device`` (metadata only: reads no values)."""
     if not isinstance(slots, torch.Tensor):
         raise TypeError(f"slots: expected an int64 torch.Tensor of shape [n], got {type(slots).__name__}")
     if slots.dim() != 1 or slots.dtype != torch.int64:
         raise ValueError(f"slots: expected an int64 tensor of shape [n], got {slots.dtype} {list(slots.shape)}")
     if slots.device != device:
         raise ValueError(f"slots: expected device {device}, got {slots.device}")
+
+
+def check_slots(slots, num_slots: int, allocated: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Slot indices ``[n]`` int64 on ``device``: allocated, distinct, or -1 (padding). Returns them on CPU."""
+    check_slot_tensor(slots, device)
     host = slots.cpu()
     bad = host[(host < -1) | (host >= num_slots)]
     if bad.numel():

@@ -127,7 +127,8 @@ class Run:
 
     def accept(self, slots, accepted, kept):
         """Commit ``accepted`` tokens in both pools; the oracle replays the kept prefix."""
-        self.mp.replay.commit(slots, accepted)
+        # as SGLang's commit hook does: sync-free on the Triton backend
+        self.mp.replay.commit(slots, accepted, checked=replay_pool.checked(self.mp.replay))
         self.twin.commit(slots, accepted)
         self.accept_oracle(slots, accepted, kept)
 

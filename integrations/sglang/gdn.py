@@ -66,7 +66,8 @@ def replay_packed_decode(kernel, mixed_qkv: torch.Tensor, a: torch.Tensor, b: to
     g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float(), threshold=20.0)
     beta = torch.sigmoid(b.float()).to(b.dtype).float()
     out = torch.empty(n, HV, V, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
-    replayssm.decode(owner.replay, layer, slots, out=out, q=_l2norm(q.view(n, HK, K)),
+    replayssm.decode(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
+                     q=_l2norm(q.view(n, HK, K)),
                      k=_l2norm(k.view(n, HK, K)).to(owner.replay.cfg.torch_ring_dtype), v=v.view(n, HV, V),
                      g=g, beta=beta, scale=scale)
     return out.unsqueeze(0)
@@ -109,7 +110,8 @@ def replay_target_verify(kernel, A_log: torch.Tensor, dt_bias: torch.Tensor, q: 
     g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float(), threshold=20.0)
     beta = torch.sigmoid(b.float())
     out = torch.empty(n, T, HV, V, dtype=v.dtype, device=v.device)
-    replayssm.verify(owner.replay, layer, slots, out=out, q=_l2norm(q[0].unflatten(0, (n, T))),
+    replayssm.verify(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
+                     q=_l2norm(q[0].unflatten(0, (n, T))),
                      k=_l2norm(k[0].unflatten(0, (n, T))).to(owner.replay.cfg.torch_ring_dtype),
                      v=v[0].unflatten(0, (n, T)), g=g.view(n, T, HV), beta=beta.view(n, T, HV),
                      scale=kwargs.get("scale") or K ** -0.5)

@@ -90,7 +90,7 @@ def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias
                   D=None if D is None else _per_head("D", D, 1),
                   dt_bias=None if dt_bias is None else _per_head("dt_bias", dt_bias, 1))
     step = replayssm.verify if is_verify else replayssm.decode
-    return step(owner.replay, layer, slots, out=out, **inputs)
+    return step(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay), **inputs)
 
 
 def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_track_indices,
@@ -128,5 +128,6 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_
             hlab.HybridLinearAttnBackend._scatter_speculative_state_with_mask(
                 conv, window, slots, last_correct_step_indices, src_rows)
     backend._update_ple_state_after_mtp_verify(slots, last_correct_step_indices, None, None, src_rows)
-    owner.replay.commit(replay_pool._slots(owner.replay, slots), last_correct_step_indices + 1)
+    owner.replay.commit(replay_pool._slots(owner.replay, slots), last_correct_step_indices + 1,
+                        checked=replay_pool.checked(owner.replay))
     return True

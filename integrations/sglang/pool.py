@@ -131,6 +131,14 @@ def _slots(pool: StatePool, indices: torch.Tensor) -> torch.Tensor:
     return indices.to(device=pool.device, dtype=torch.int64)
 
 
+def checked(pool: StatePool) -> bool:
+    """Whether steps on ``pool`` validate slot values on the host: only off the Triton backend.
+
+    SGLang hands the kernels its own slot indices; on the Triton backend steps and commits run
+    with ``checked=False`` and read no device value (no synchronization per layer)."""
+    return pool.backend != "triton"
+
+
 def lookup(ssm_state: torch.Tensor):
     """``(ReplayMambaPool, layer)`` whose checkpoint is ``ssm_state`` (one layer of ``temporal``), or None."""
     entry = _BY_STATE.get(_key(ssm_state))

@@ -1,0 +1,136 @@
+"""``checked=False`` steps: the same results as checked steps, and no read of a device value.
+
+A CUDA graph cannot capture a step that reads a device value on the host (``.item()``, ``bool()``,
+``.cpu()``, data-dependent shapes). ``HostReads`` flags the aten ops that do so on CUDA, outside
+replayssm's own custom ops (whose kernels the interpreter runs on the host here), so the check
+runs on a CPU too. On a GPU the steps are also captured and replayed in a CUDA graph.
+"""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import replayssm as rs
+from helpers import SPECS, Params, make_inputs
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+# aten ops that read device values on the host or have data-dependent output shapes
+READS = {"_local_scalar_dense", "nonzero", "_unique2", "unique_dim", "unique_consecutive", "masked_select",
+         "equal", "is_nonzero"}
+
+
+class HostReads(TorchDispatchMode):
+    """Records ops that would synchronize a CUDA stream with the host, outside ``replayssm::`` ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.found, self.depth = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        ns, name = func.namespace, func.__name__.split(".")[0]
+        if ns == "replayssm":
+            self.depth += 1
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.depth -= 1
+        if self.depth == 0:
+            device_to_host = name == "_to_copy" and kwargs.get("device") == torch.device("cpu") \
+                and any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args)
+            bool_index = name == "index" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                                 for i in (args[1] if len(args) > 1 else ()) if i is not None)
+            if name in READS or device_to_host or bool_index:
+                self.found.append(str(func))
+        return func(*args, **kwargs)
+
+
+def _pools(family, **cfg):
+    spec = SPECS[family]
+    config = rs.ReplayConfig(window=4, max_draft_tokens=2, **cfg)
+    pools = [rs.StatePool(spec, config, num_layers=2, num_slots=5, device=DEVICE, backend="triton") for _ in range(2)]
+    return spec, pools, [p.alloc(3) for p in pools]
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+def test_unchecked_steps_equal_checked_steps_and_read_no_device_value(family):
+    spec, (checked, free), (sc, sf) = _pools(family, read_format="nvfp4")
+    pad = lambda s: torch.stack((s[0], torch.tensor(-1, device=DEVICE), s[2]))  # noqa: E731
+    gen = torch.Generator().manual_seed(4)
+    params = Params(spec, 2, gen)
+    for step in range(7):
+        T = None if step % 3 else 1 + step % 3
+        fn = rs.decode if T is None else rs.verify
+        for layer in range(2):
+            inp = make_inputs(spec, params, layer, 3, T, gen, device=DEVICE)
+            y_c = fn(checked, layer, pad(sc), **inp)
+            with HostReads() as mode:
+                y_f = fn(free, layer, pad(sf), checked=False, **inp)
+            assert mode.found == [], mode.found
+            assert torch.equal(y_c, y_f)
+        if T is not None:
+            acc = torch.tensor([T, 1, max(1, T - 1)], device=DEVICE)
+            with HostReads() as mode:
+                free.commit(pad(sf), acc, checked=False)
+            assert mode.found == [], mode.found
+            checked.commit(pad(sc), acc.cpu())
+    for name in checked.ring:
+        assert torch.equal(checked.ring[name], free.ring[name]), name
+    for name in checked.cursors:
+        assert torch.equal(checked.cursors[name], free.cursors[name]), name
+    assert torch.equal(checked.checkpoint, free.checkpoint)
+
+
+def test_host_reads_detector_sees_a_checked_step():
+    spec, (pool, _), (slots, _) = _pools("gdn")
+    inp = make_inputs(spec, Params(spec, 2, torch.Generator().manual_seed(1)), 0, 3, None,
+                      torch.Generator().manual_seed(2), device=DEVICE)
+    with HostReads() as mode:
+        rs.decode(pool, 0, slots, **inp)
+    assert mode.found, "the checked step validates slot values on the host; the detector must see it"
+
+
+def test_unchecked_needs_the_triton_backend_and_device_counts():
+    spec = SPECS["gdn"]
+    pool = rs.StatePool(spec, rs.ReplayConfig(window=4, max_draft_tokens=1), num_layers=1, num_slots=2,
+                        device=DEVICE, backend="reference")
+    slots = pool.alloc(1)
+    inp = make_inputs(spec, Params(spec, 1, torch.Generator().manual_seed(1)), 0, 1, None,
+                      torch.Generator().manual_seed(2), device=DEVICE)
+    with pytest.raises(ValueError, match="checked: False needs the triton backend"):
+        rs.decode(pool, 0, slots, checked=False, **inp)
+    with pytest.raises(ValueError, match="checked: False needs the triton backend"):
+        pool.commit(slots, torch.ones(1, dtype=torch.int64), checked=False)
+    _, (tri, _), (ts, _) = _pools("gdn")
+    with pytest.raises(ValueError, match="slots: expected an int64"):
+        rs.decode(tri, 0, ts.int(), checked=False, **make_inputs(
+            SPECS["gdn"], Params(SPECS["gdn"], 2, torch.Generator().manual_seed(1)), 0, 3, None,
+            torch.Generator().manual_seed(2), device=DEVICE))
+    with pytest.raises(ValueError, match="num_accepted: expected an int tensor of shape \\[3\\]"):
+        tri.commit(ts, torch.ones(2, dtype=torch.int64, device=DEVICE), checked=False)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_unchecked_decode_is_captured_in_a_cuda_graph():
+    spec, (eager, graphed), (se, sg) = _pools("kda", read_format="fp8")
+    gen = torch.Generator().manual_seed(9)
+    params = Params(spec, 2, gen)
+    inp = make_inputs(spec, params, 0, 3, None, gen, device=DEVICE)
+    static = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inp.items()}
+    out = torch.empty(3, spec.num_v_heads, spec.head_v_dim, dtype=inp["v"].dtype, device=DEVICE)
+    rs.decode(graphed, 0, sg, out=out, checked=False, **static)     # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rs.decode(graphed, 0, sg, out=out, checked=False, **static)
+    rs.decode(eager, 0, se, **inp)
+    for _ in range(6):
+        nxt = make_inputs(spec, params, 0, 3, None, gen, device=DEVICE)
+        for k, v in nxt.items():
+            if isinstance(v, torch.Tensor):
+                static[k].copy_(v)
+        graph.replay()
+        y = rs.decode(eager, 0, se, **nxt)
+        assert torch.equal(out, y)
+    assert torch.equal(eager.ring["k"], graphed.ring["k"]) and torch.equal(eager.cursors["count"],
+                                                                           graphed.cursors["count"])
