@@ -9,6 +9,6 @@ python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -x -p no:cacheprovider -rA tests/test_kernels.py ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/tests.log" | tail -25
+  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -x -p no:cacheprovider -rA tests/test_kernels.py tests/test_unchecked.py ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 timeout "${BENCH_TIMEOUT:-280}" python3 benchmarks/bench_decode.py --peers .peers --json "$OUT/bench.json" --jsonl "$OUT/bench.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80
