@@ -18,7 +18,8 @@ CFG = rs.ReplayConfig(window=4, max_draft_tokens=3, read_format="nvfp4", ring_dt
 
 
 def test_import_needs_no_tensorrt():
-    code = ("import sys, replayssm.integrations.trtllm.plugins, replayssm.integrations.trtllm.plugin_desc; "
+    code = ("import sys, replayssm.integrations.trtllm.plugins, replayssm.integrations.trtllm.plugin_desc, "
+            "replayssm.integrations.trtllm.cache; "
             "print(' '.join(sys.modules))")
     mods = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
     assert not {m.split(".")[0] for m in mods} & {"tensorrt", "tensorrt_llm"}
