@@ -28,7 +28,7 @@ import torch
 import replayssm as rs
 
 INSTALL_HINT = ("TensorRT-LLM 1.2.x is required: pip install tensorrt-llm==1.2.1 --extra-index-url "
-                "https://pypi.nvidia.com (Linux, CUDA 13, Python 3.10 / 3.12); the PyPI package alone is a placeholder")
+                "https://pypi.nvidia.com (Linux, Python 3.10 / 3.12); the PyPI package alone is a placeholder")
 
 
 class ReplayMambaStates:
