@@ -70,15 +70,21 @@ def test_config_rejects_bad_arch(arch):
 
 
 @pytest.mark.parametrize("family", list(SPECS))
-def test_registered_input_names_fit_every_config(family):
-    """One registration per plugin id: its input names must not depend on dims, read format or gate."""
+def test_registered_io_fits_every_config(family):
+    """One registration per plugin id: its input names and output count must not depend on dims,
+    read format, checkpoint dtype, gate, layout or T."""
     ids = {pid for f, pid in plugins._plugin_ids() if f == family or pid.endswith("advance")}
     seen = set()
-    for op, T in (("decode", 1), ("verify", 4)):
-        for d in pd.describe_step(SPECS[family], CFG, op=op, tokens=T, has_z=family == "mamba2"):
-            fam = family if d.plugin_id != "replayssm::advance" else "mamba2"
-            assert plugins._input_names(fam, d.plugin_id) == [t.name for t in d.inputs]
-            seen.add(d.plugin_id)
+    layouts = ("kv", "vk") if family != "mamba2" else ("kv",)
+    for rf, ckpt in (("checkpoint", "float32"), ("fp8", "bfloat16"), ("nvfp4", "float16_sr")):
+        cfg = rs.ReplayConfig(window=4, max_draft_tokens=3, read_format=rf, checkpoint_dtype=ckpt)
+        for op, T in (("decode", 1), ("verify", 4)):
+            for layout in layouts:
+                for d in pd.describe_step(SPECS[family], cfg, op=op, tokens=T, has_z=family == "mamba2",
+                                          state_layout=layout):
+                    fam = family if d.plugin_id != "replayssm::advance" else "mamba2"
+                    assert plugins._io(fam, d.plugin_id) == ([t.name for t in d.inputs], len(d.outputs))
+                    seen.add(d.plugin_id)
     assert seen == ids
 
 

@@ -1,11 +1,15 @@
 """TensorRT plugin descriptors of the replayssm steps, as plain data: no TensorRT needed.
 
 A TensorRT Python plugin with an AOT implementation (``tensorrt.plugin``, TensorRT >= 10.9;
-API read at NVIDIA/TensorRT ``python/packaging/bindings_wheel/tensorrt/plugin/_tensor.py``, commit
-17003e4, and the ``tensorrt.plugin.aot_impl`` reference page) launches ONE kernel per plugin
+API read at NVIDIA/TensorRT ``python/packaging/bindings_wheel/tensorrt/plugin/``: ``_tensor.py``
+17003e4, ``_lib.py`` 5ca4580, ``_validate.py`` 8c6d69d, and the ``tensorrt.plugin.aot_impl`` page) launches ONE kernel per plugin
 layer, passing its parameters as ``[input pointers..., extra scalar args..., output pointers...]``
 (extra args integer only). An aliased output (``TensorDesc.aliased()``) shares its input's buffer:
-that is how the in-place checkpoint, read copy, ring and cursors are expressed.
+that is how the in-place checkpoint, read copy, ring and cursors are expressed. ``register``
+fixes a plugin's output count from its return annotation, so every config of a plugin id has the
+same outputs: without a read copy the ``read_*`` outputs alias the inputs that stand in for it
+(never written), and the step passes alias the cursors out too (not written) so that TensorRT
+orders ``advance`` after them.
 
 A replay step is two launches (``kernels/ops.py``: the non-flush pass, then the flush pass) and a
 cursor move, so each step op is three plugin layers:
@@ -38,6 +42,7 @@ from . import aot
 NAMESPACE = "replayssm"
 OPS = ("decode", "verify")
 ADVANCE_BLOCK = 128  # rows per program of kernels/ring/triton.py:advance
+_READ_PARAMS = {"read_codes": "rc_codes", "read_block_scale": "rc_bs", "read_row_scale": "rc_rs"}
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,7 @@ def describe_step(spec, cfg, *, op: str, tokens: int, layer: int = 0, has_z: boo
     bufs = aot.step_buffers(spec, cfg, tokens, has_z=has_z, state_layout=state_layout)
     named = aot.materialize(bufs, 2, 3)
     plan = aot.step_plan(spec, cfg, named, committed=op == "decode", layer=layer, state_layout=state_layout)
-    mutated = [m for m in _mutated(plan[0].op) if m in bufs and m != "out"]
+    mutated = [m for m in _mutated(plan[0].op) if m != "out"]
     base = f"{NAMESPACE}::{spec.family}_{op}"
     descs = []
     for lc in plan:
@@ -167,7 +172,12 @@ def describe_step(spec, cfg, *, op: str, tokens: int, layer: int = 0, has_z: boo
             if not _placeholder(t.name, t.buffer):
                 first.setdefault(t.buffer, i)
         outs = [PluginTensor("out", "out", *bufs["out"], alias_of=None if new_out else first["out"])]
-        outs += [PluginTensor(m, m, *bufs[m], alias_of=first[m]) for m in mutated]
+        for m in mutated:
+            if m in bufs:
+                outs.append(PluginTensor(m, m, *bufs[m], alias_of=first[m]))
+            else:  # no read copy: alias the placeholder so every config has the same outputs
+                i = [t.name for t in ins].index(_READ_PARAMS[m])
+                outs.append(PluginTensor(m, ins[i].buffer, ins[i].shape, ins[i].dtype, alias_of=i, written=False))
         outs += [PluginTensor(c, c, *bufs[c], alias_of=first[c], written=False) for c in ("count", "origin", "epoch")]
         kl = KernelLaunch(lc.kernel.__name__, tuple(lc.grid), (lc.num_warps * 32, 1, 1), lc.num_warps,
                           dict(lc.constexprs), baked, (), lc)

@@ -2,9 +2,12 @@
 
 NEVER RUN: TensorRT cannot be installed on the machine this was written on (no CPU wheels; the
 bindings need ``libnvinfer`` and a driver), so the registrations below were checked against the
-published API only (NVIDIA/TensorRT ``python/packaging/bindings_wheel/tensorrt/plugin``, commit
-17003e4: ``register``, ``aot_impl``, ``TensorDesc.like`` / ``aliased``, ``KernelLaunchParams``,
-``SymIntExprs``, ``SymInt32``, ``cdiv``; ``INetworkDefinition.add_plugin(..., aot=True)``). What
+published API only (NVIDIA/TensorRT ``python/packaging/bindings_wheel/tensorrt/plugin``:
+``_lib.py`` 5ca4580 ``register`` / ``aot_impl`` / ``PluginDef.__call__``, ``_validate.py`` 8c6d69d
+for the signatures they parse, ``_tensor.py`` 17003e4 ``TensorDesc.like`` / ``aliased``;
+``KernelLaunchParams``, ``SymIntExprs``, ``SymInt32``, ``cdiv``, ``add_plugin(..., aot=True)`` from
+the documentation). ``register`` reads the input names from the function's signature and the
+output count from its return annotation, so both are built here per plugin id. What
 they return comes from ``plugin_desc``, which is tested on a CPU.
 
 Every plugin takes one attribute, ``config`` (JSON of :func:`step_config`): the layer dims,
@@ -21,6 +24,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import typing
 
 from . import plugin_desc as pd
 
@@ -70,8 +74,9 @@ def _compiled(config: str, plugin_id: str) -> dict:
     return pd.compile_kernel(descs[plugin_id], arch)
 
 
-def _input_names(family: str, plugin_id: str) -> list[str]:
-    """The kernel parameter names a plugin id takes as inputs (the same for every config)."""
+def _io(family: str, plugin_id: str) -> tuple[list[str], int]:
+    """The input names (kernel parameters) and the number of outputs of a plugin id: the same for
+    every config (checked by the tests), as one registration serves them all."""
     import replayssm as rs
 
     spec = {"mamba2": rs.LayerSpec.mamba2(num_heads=2, head_dim=16, state_dim=16, num_groups=1),
@@ -80,7 +85,8 @@ def _input_names(family: str, plugin_id: str) -> list[str]:
     name = plugin_id.split("::")[1]
     op = name.removeprefix(family + "_").removesuffix("_flush") if name != "advance" else "decode"
     descs = pd.describe_step(spec, rs.ReplayConfig(window=4, max_draft_tokens=1), op=op, tokens=1)
-    return [t.name for t in {d.plugin_id: d for d in descs}[plugin_id].inputs]
+    desc = {d.plugin_id: d for d in descs}[plugin_id]
+    return [t.name for t in desc.inputs], len(desc.outputs)
 
 
 def _plugin_ids() -> list[tuple[str, str]]:
@@ -88,12 +94,13 @@ def _plugin_ids() -> list[tuple[str, str]]:
     return ids + [("mamba2", f"{pd.NAMESPACE}::advance")]
 
 
-def _signature(names: list[str], trtp, extra: dict) -> inspect.Signature:
-    """Tensors, ``config: str``, then ``extra``: the explicit signature ``tensorrt.plugin`` introspects."""
-    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=trtp.TensorDesc) for n in names]
-    params.append(inspect.Parameter("config", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str))
-    params += [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a) for k, a in extra.items()]
-    return inspect.Signature(params)
+def _signature(names: list[str], trtp, extra: tuple, returns) -> inspect.Signature:
+    """Tensors, ``config: str``, then ``extra`` (unannotated): the signature ``tensorrt.plugin`` parses."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter(n, kind, annotation=trtp.TensorDesc) for n in names]
+    params.append(inspect.Parameter("config", kind, annotation=str))
+    params += [inspect.Parameter(k, kind) for k in extra]
+    return inspect.Signature(params, return_annotation=returns)
 
 
 def _bound(fn, sig: inspect.Signature, names: list[str]):
@@ -104,7 +111,6 @@ def _bound(fn, sig: inspect.Signature, names: list[str]):
             raise TypeError(f"config: expected the JSON string of plugins.step_config, got {type(b['config']).__name__}")
         return fn([b[n] for n in names], b["config"])
     wrapper.__signature__ = sig
-    wrapper.__annotations__ = {p.name: p.annotation for p in sig.parameters.values()}
     return wrapper
 
 
@@ -121,9 +127,12 @@ def register() -> None:
     for family, pid in _plugin_ids():
         if pid in _registered:
             continue
-        names = _input_names(family, pid)
-        trtp.register(pid)(_bound(functools.partial(_shape, pid), _signature(names, trtp, {}), names))
-        aot_sig = _signature(names, trtp, {"outputs": tuple, "tactic": int})
+        names, n_out = _io(family, pid)
+        outputs = typing.Tuple[(trtp.TensorDesc,) * n_out]  # the output count is read from this annotation
+        trtp.register(pid)(_bound(functools.partial(_shape, pid), _signature(names, trtp, (), outputs), names))
+        kernel = typing.Tuple[typing.Union[str, bytes], typing.Union[str, bytes], trtp.KernelLaunchParams,
+                              trtp.SymIntExprs]
+        aot_sig = _signature(names, trtp, ("outputs", "tactic"), kernel)
         trtp.aot_impl(pid)(_bound(functools.partial(_aot_impl, pid, trtp), aot_sig, names))
         _registered.add(pid)
 
