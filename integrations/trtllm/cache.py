@@ -11,6 +11,13 @@ names, read at NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/pyexecutor/mamba_cache_
   workers after acceptance: rows ``[attn_metadata.num_contexts, attn_metadata.num_seqs)`` are the
   generation requests; ``num_accepted_tokens`` counts the verified token plus accepted drafts
   (1..T), i.e. the verify tokens to keep.
+- Call sites (``_torch/modules/mamba/``): ``Mamba2Mixer`` plain decode ``selective_state_update``,
+  verify ``replay_selective_state_update`` (``mamba2_mixer.py``); ``Qwen3NextGatedDeltaNet``
+  plain decode ``fused_sigmoid_gating_delta_rule_update`` and verify ``_replay_verify_recurrent``
+  (``gdn_mixer.py``, commit 0d4bd90; adapted from SGLang, so its state is presumably SGLang's
+  ``[HV, V, K]``: ``state_layout="vk"``, not confirmed here). TRT-LLM's GDN kernels form the
+  gating (``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``) and L2-normalize q, k
+  inside; ``decode`` / ``verify`` here take them formed.
 
 :class:`ReplayMambaStates` adds what TRT-LLM's own replay lacks (field notes 4.3): plain-decode
 replay, a configurable window L, the precision split (fp32 / fp16-SR / bf16 checkpoint with an
