@@ -13,7 +13,12 @@ import replayssm as rs
 from replayssm.integrations.trtllm.cache import ReplayMambaStates, cache_manager_class
 
 NL, S = 2, 5
-SLOTS = torch.tensor([3, 0, 4])  # TRT-LLM's state_indices: a subset, unordered
+# TRT-LLM's state_indices: a subset, unordered, with its shared CUDA-graph padding slot (1) twice
+SLOTS = torch.tensor([3, 1, 0, 1, 4])
+PAD = (1,)
+REF_SLOTS = torch.tensor([3, -1, 0, -1, 4])  # the same rows for a standalone pool
+REAL = REF_SLOTS >= 0
+REAL_SLOTS = REF_SLOTS[REAL]
 
 
 def _heads_dim(spec):
@@ -33,7 +38,7 @@ def _run(family, cfg, layout, steps=9, seed=0):
     spec = SPECS[family]
     gen = torch.Generator().manual_seed(seed)
     temporal = _framework_states(spec, cfg, layout)
-    states = ReplayMambaStates(spec, cfg, temporal, state_layout=layout, backend="reference")
+    states = ReplayMambaStates(spec, cfg, temporal, state_layout=layout, backend="reference", padding_slots=PAD)
     # the standalone pool has a tensor of the same layout (the reference's float sums follow strides)
     ref = rs.StatePool(spec, cfg, num_layers=NL, num_slots=S, backend="reference",
                        checkpoint=_framework_states(spec, cfg, layout), state_layout=layout)
@@ -43,11 +48,11 @@ def _run(family, cfg, layout, steps=9, seed=0):
     # prefill: TRT-LLM writes the state itself, then the rings of those slots are emptied
     init = torch.randn(NL, n, *spec.state_shape, generator=gen) * 0.1
     for layer in range(NL):
-        temporal[layer, SLOTS] = (init[layer].transpose(-1, -2) if layout == "vk" and spec.is_delta
-                                  else init[layer]).to(temporal.dtype)
-        ref.write_state(layer, SLOTS, init[layer])
+        temporal[layer, REAL_SLOTS] = (init[layer, REAL].transpose(-1, -2) if layout == "vk" and spec.is_delta
+                                       else init[layer, REAL]).to(temporal.dtype)
+        ref.write_state(layer, REF_SLOTS, init[layer])
     states.after_prefill(SLOTS)
-    oracle = [init[layer].double() for layer in range(NL)]
+    oracle = [init[layer, REAL].double() for layer in range(NL)]
     errs = []
     for i in range(steps):
         T = 3 if i % 3 == 2 else None
@@ -56,28 +61,29 @@ def _run(family, cfg, layout, steps=9, seed=0):
             inp = make_inputs(spec, params, layer, n, T, gen, cfg.torch_ring_dtype)
             heads, dim = _heads_dim(spec)
             out = torch.full((n, *((T,) if T else ()), heads, dim), float("nan"), dtype=cfg.torch_ring_dtype)
+            real = {k: (v[REAL] if isinstance(v, torch.Tensor) and v.shape[:1] == (n,) else v) for k, v in inp.items()}
             if T is None:
                 y = states.decode(layer, SLOTS, out=out, **inp)
-                y_ref = rs.decode(ref, layer, SLOTS, **inp)
-                y_o, oracle[layer] = step_oracle(spec, oracle[layer], f64(inp))
+                y_ref = rs.decode(ref, layer, REF_SLOTS, **inp)
+                y_o, oracle[layer] = step_oracle(spec, oracle[layer], f64(real))
             else:
                 y = states.verify(layer, SLOTS, out=out, **inp)
-                y_ref = rs.verify(ref, layer, SLOTS, **inp)
+                y_ref = rs.verify(ref, layer, REF_SLOTS, **inp)
                 ys, St = [], oracle[layer]
-                keep = oracle[layer].clone()
+                keep, a = oracle[layer].clone(), acc[REAL]
                 for t in range(T):
-                    yt, St = step_oracle(spec, St, f64(token(inp, t)))
+                    yt, St = step_oracle(spec, St, f64(token(real, t)))
                     ys.append(yt)
-                    keep[acc == t + 1] = St[acc == t + 1]
+                    keep[a == t + 1] = St[a == t + 1]
                 y_o, oracle[layer] = torch.stack(ys, 1), keep
-            assert y is out and torch.equal(y, y_ref)
-            errs.append(rms_ratio(y, y_o))
+            assert y is out and torch.equal(y, y_ref) and bool((y[~REAL] == 0).all())
+            errs.append(rms_ratio(y[REAL], y_o))
         if T:
             # TRT-LLM's call: a context request in row 0 (its entries must be ignored)
             meta = SimpleNamespace(num_contexts=1, num_seqs=n + 1)
             states.update_mamba_states(meta, torch.cat([torch.tensor([99]), acc]).int(),
-                                       torch.cat([torch.tensor([1]), SLOTS]).int())
-            ref.commit(SLOTS, acc)
+                                       torch.cat([torch.tensor([2]), SLOTS]).int())
+            ref.commit(REF_SLOTS, acc)
     return spec, states, ref, temporal, oracle, errs
 
 
@@ -93,14 +99,15 @@ def test_replay_over_framework_tensor(family, layout):
         assert torch.equal(states.pool.ring[k], ref.ring[k]), k
     for k in ref.cursors:
         assert torch.equal(states.pool.cursors[k], ref.cursors[k]), k
-    assert torch.equal(states.pool.checkpoint[:, SLOTS], ref.checkpoint[:, SLOTS])
-    assert torch.isnan(temporal[:, 1]).all() and torch.isnan(temporal[:, 2]).all()  # other slots untouched
+    assert torch.equal(states.pool.checkpoint[:, REAL_SLOTS], ref.checkpoint[:, REAL_SLOTS])
+    # the padding slot and the context row's slot are never touched
+    assert torch.isnan(temporal[:, 1]).all() and torch.isnan(temporal[:, 2]).all()
     for layer in range(NL):
-        assert rms_ratio(states.read_state(layer, SLOTS), oracle[layer]) < TOL["float32"]
+        assert rms_ratio(states.read_state(layer, SLOTS)[REAL], oracle[layer]) < TOL["float32"]
     states.materialize(SLOTS)
-    assert (states.pool.cursors["count"][:, SLOTS] == 0).all()
+    assert (states.pool.cursors["count"][:, REAL_SLOTS] == 0).all()
     for layer in range(NL):
-        view = states.get_ssm_states(layer)[SLOTS]
+        view = states.get_ssm_states(layer)[REAL_SLOTS]
         canon = view.transpose(-1, -2) if layout == "vk" and spec.is_delta else view
         assert rms_ratio(canon, oracle[layer]) < TOL["float32"]
 
@@ -112,9 +119,9 @@ def test_precision_split(family):
     _, states, ref, _, oracle, errs = _run(family, cfg, "vk" if family != "mamba2" else "kv", steps=6)
     assert max(errs) < TOL["nvfp4"] and sum(errs) / len(errs) < TOL["nvfp4"] / 4
     for k in ref.read:
-        assert torch.equal(states.pool.read[k][:, SLOTS], ref.read[k][:, SLOTS]), k
+        assert torch.equal(states.pool.read[k][:, REAL_SLOTS], ref.read[k][:, REAL_SLOTS]), k
     for layer in range(NL):
-        assert rms_ratio(states.read_state(layer, SLOTS), oracle[layer]) < TOL["bfloat16"]
+        assert rms_ratio(states.read_state(layer, SLOTS)[REAL], oracle[layer]) < TOL["bfloat16"]
 
 
 def _states(family="gdn", **cfg_kw):
@@ -127,13 +134,27 @@ def test_accept_count_out_of_range_is_refused():
     states = _states()
     spec = SPECS["gdn"]
     gen = torch.Generator().manual_seed(1)
+    slots = REAL_SLOTS
     for layer in range(NL):
-        states.verify(layer, SLOTS, **make_inputs(spec, Params(spec, NL, gen), layer, 3, 2, gen))
+        states.verify(layer, slots, **make_inputs(spec, Params(spec, NL, gen), layer, 3, 2, gen))
     meta = SimpleNamespace(num_contexts=0, num_seqs=3)
     with pytest.raises(ValueError, match=r"num_accepted: expected values in 1\.\.T"):
-        states.update_mamba_states(meta, torch.tensor([1, 3, 1]), SLOTS)
+        states.update_mamba_states(meta, torch.tensor([1, 3, 1]), slots)
     with pytest.raises(ValueError, match="state_indices: expected a 1-d tensor of at least num_seqs=3"):
-        states.update_mamba_states(meta, torch.tensor([1, 2, 1]), SLOTS[:2])
+        states.update_mamba_states(meta, torch.tensor([1, 2, 1]), slots[:2])
+
+
+def test_repeated_slot_needs_padding_slots():
+    states = _states()
+    spec = SPECS["gdn"]
+    gen = torch.Generator().manual_seed(2)
+    inp = make_inputs(spec, Params(spec, NL, gen), 0, SLOTS.numel(), None, gen)
+    with pytest.raises(ValueError, match="slots: expected distinct slot indices"):
+        states.decode(0, SLOTS, **inp)
+    with pytest.raises(ValueError, match=r"padding_slots: expected slot indices in \[0, 5\), got 5"):
+        ReplayMambaStates(spec, rs.ReplayConfig(), torch.zeros(NL, S, *spec.state_shape), padding_slots=(5,))
+    with pytest.raises(ValueError, match="state_indices: expected a 1-d int tensor, got torch.float32"):
+        states.decode(0, SLOTS.float(), **inp)
 
 
 def test_commit_without_generation_rows_is_a_no_op():

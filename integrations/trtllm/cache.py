@@ -48,13 +48,17 @@ class ReplayMambaStates:
             read and written in place. Mamba-2 ``[.., H, P, N]``; GDN / KDA ``[.., HV, K, V]``
             (``state_layout="kv"``) or ``[.., HV, V, K]`` ("vk").
         backend: StatePool backend ("auto": Triton kernels on CUDA, the reference elsewhere).
+        padding_slots: TRT-LLM's shared dummy slots (``_padding_slot`` of the CUDA-graph padding
+            sentinels, ``_attention_dp_dummy_slot``): several rows of a batch may carry one, so
+            their rows are padding (-1: output zero, nothing read or written).
 
-    Slots are TRT-LLM's (``state_indices``, int64 on the state's device); every slot counts as
-    allocated. Buffers: ``pool`` (a :class:`replayssm.StatePool`: read copy, rings, cursors).
+    Slots are TRT-LLM's (``state_indices``, int on the state's device); every slot counts as
+    allocated. ``layer`` is TRT-LLM's local index (``mamba_layer_offsets[layer_idx]``).
+    Buffers: ``pool`` (a :class:`replayssm.StatePool`: read copy, rings, cursors).
     """
 
     def __init__(self, spec: rs.LayerSpec, cfg: rs.ReplayConfig, ssm_states: torch.Tensor, *,
-                 state_layout: str = "kv", backend: str = "auto"):
+                 state_layout: str = "kv", backend: str = "auto", padding_slots: tuple = ()):
         if not isinstance(ssm_states, torch.Tensor) or ssm_states.dim() != 5:
             raise ValueError("ssm_states: expected TRT-LLM's temporal state tensor [layers, slots, *state], got "
                              f"{type(ssm_states).__name__} {list(getattr(ssm_states, 'shape', []))}")
@@ -63,6 +67,20 @@ class ReplayMambaStates:
                                  device=ssm_states.device, backend=backend, checkpoint=ssm_states,
                                  state_layout=state_layout)
         self.pool.allocated.fill_(True)  # TRT-LLM's resource manager assigns the slots
+        bad = [p for p in padding_slots if not isinstance(p, int) or not 0 <= p < ssm_states.shape[1]]
+        if bad:
+            raise ValueError(f"padding_slots: expected slot indices in [0, {ssm_states.shape[1]}), got {bad[0]!r}")
+        self.padding_slots = torch.tensor(padding_slots, dtype=torch.int64, device=ssm_states.device)
+
+    def _rows(self, state_indices: torch.Tensor) -> torch.Tensor:
+        """int64 slots with TRT-LLM's shared padding slots as -1."""
+        if not isinstance(state_indices, torch.Tensor) or state_indices.dim() != 1 \
+                or state_indices.dtype.is_floating_point or state_indices.dtype == torch.bool:
+            raise ValueError("state_indices: expected a 1-d int tensor, got "
+                             f"{getattr(state_indices, 'dtype', type(state_indices).__name__)} "
+                             f"{list(getattr(state_indices, 'shape', []))}")
+        idx = state_indices.to(torch.int64)
+        return torch.where(torch.isin(idx, self.padding_slots), torch.full_like(idx, -1), idx)
 
     def get_ssm_states(self, layer: int) -> torch.Tensor:
         """TRT-LLM's state tensor of ``layer`` ``[slots, *state]`` (for its prefill kernels)."""
@@ -72,17 +90,17 @@ class ReplayMambaStates:
     def after_prefill(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
         """TRT-LLM wrote the state of ``state_indices`` (prefill, new request, copy): empty their
         rings and re-derive their read copy, in ``layer`` or every layer."""
-        self.pool.refresh(state_indices, layer=layer)
+        self.pool.refresh(self._rows(state_indices), layer=layer)
 
     def decode(self, layer: int, state_indices: torch.Tensor, *, out: torch.Tensor | None = None,
                **inputs) -> torch.Tensor:
         """One token per request through ``layer`` (``replayssm.decode``): ``[n, heads, dim]``."""
-        return rs.decode(self.pool, layer, state_indices, out=out, **inputs)
+        return rs.decode(self.pool, layer, self._rows(state_indices), out=out, **inputs)
 
     def verify(self, layer: int, state_indices: torch.Tensor, *, out: torch.Tensor | None = None,
                **inputs) -> torch.Tensor:
         """T tokens per request through ``layer``, uncommitted (``replayssm.verify``): ``[n, T, heads, dim]``."""
-        return rs.verify(self.pool, layer, state_indices, out=out, **inputs)
+        return rs.verify(self.pool, layer, self._rows(state_indices), out=out, **inputs)
 
     def update_mamba_states(self, attn_metadata, num_accepted_tokens: torch.Tensor,
                             state_indices: torch.Tensor) -> None:
@@ -99,23 +117,24 @@ class ReplayMambaStates:
                 raise ValueError(f"{name}: expected a 1-d tensor of at least num_seqs={hi} rows, got "
                                  f"{list(getattr(t, 'shape', []))}")
         if hi > lo:
-            self.pool.commit(state_indices[lo:hi].to(torch.int64), num_accepted_tokens[lo:hi])
+            self.pool.commit(self._rows(state_indices[lo:hi]), num_accepted_tokens[lo:hi])
 
     def materialize(self, state_indices: torch.Tensor) -> None:
         """Fold the committed rings of ``state_indices`` into TRT-LLM's state tensor (before it is
         copied out: prefix cache, disaggregated transfer). Afterwards that tensor is the state."""
-        self.pool.flush(state_indices)
+        self.pool.flush(self._rows(state_indices))
 
     def read_state(self, layer: int, state_indices: torch.Tensor) -> torch.Tensor:
         """fp32 state after every committed token ``[n, *state]`` (canonical layout); nothing changes."""
-        return self.pool.read_state(layer, state_indices)
+        return self.pool.read_state(layer, self._rows(state_indices))
 
 
 def cache_manager_class():
     """TRT-LLM's ``PythonMambaCacheManager`` with replay on its ``temporal`` tensor (never run here).
 
     The returned class takes TRT-LLM's constructor arguments plus ``replay_spec``, ``replay_cfg``
-    and ``replay_state_layout`` keywords, and holds a :class:`ReplayMambaStates` as ``replay``.
+    and ``replay_state_layout`` keywords, and holds a :class:`ReplayMambaStates` as ``replay``
+    (its padding slots: TRT-LLM's ``_padding_slot`` and ``_attention_dp_dummy_slot``).
     Plain decode only: a speculative manager is refused, since TRT-LLM's ``update_mamba_states``
     also commits the conv windows (``intermediate_conv_window``), which is not wired to replay.
     Raises ImportError (saying what to install) without TensorRT-LLM.
@@ -131,9 +150,10 @@ def cache_manager_class():
     class ReplayPythonMambaCacheManager(PythonMambaCacheManager):
         def __init__(self, *args, replay_spec, replay_cfg, replay_state_layout="kv", **kwargs):
             super().__init__(*args, **kwargs)
-            if self.is_speculative():
+            if isinstance(self.mamba_cache, self.SpeculativeState):
                 raise ValueError("replay_cfg: speculative decoding through this manager is not wired (conv windows)")
+            pads = tuple(p for p in (self._padding_slot, self._attention_dp_dummy_slot) if p is not None)
             self.replay = ReplayMambaStates(replay_spec, replay_cfg, self.mamba_cache.temporal,
-                                            state_layout=replay_state_layout)
+                                            state_layout=replay_state_layout, padding_slots=pads)
 
     return ReplayPythonMambaCacheManager
