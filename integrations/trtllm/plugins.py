@@ -34,14 +34,13 @@ INSTALL_HINT = ("TensorRT >= 10.9 with its Python plugin API (tensorrt.plugin) i
 FAMILIES = ("mamba2", "gdn", "kda")
 
 
-def _trt():
-    """``(tensorrt, tensorrt.plugin)``, or ImportError naming what to install."""
+def _trtp():
+    """``tensorrt.plugin``, or ImportError naming what to install."""
     try:
-        import tensorrt as trt
         import tensorrt.plugin as trtp
     except ImportError as e:
         raise ImportError(f"replayssm.integrations.trtllm.plugins: {INSTALL_HINT} ({e})") from e
-    return trt, trtp
+    return trtp
 
 
 def step_config(spec, cfg, *, op: str, tokens: int, layer: int = 0, has_z: bool = False,
@@ -57,7 +56,7 @@ def step_config(spec, cfg, *, op: str, tokens: int, layer: int = 0, has_z: bool 
 
 
 @functools.lru_cache(maxsize=None)
-def _descs(config: str) -> tuple[dict, dict]:
+def _descs(config: str) -> tuple[dict, str]:
     """Plugin id -> descriptor of a ``config``, and its target arch."""
     import replayssm as rs
 
@@ -123,7 +122,7 @@ def register() -> None:
     Idempotent. Each plugin's outputs: the aliased in-place buffers of its descriptor and, for a
     non-flush pass, a new ``out`` like ``x`` (Mamba-2) / ``v`` (GDN, KDA).
     """
-    _, trtp = _trt()
+    trtp = _trtp()
     for family, pid in _plugin_ids():
         if pid in _registered:
             continue
@@ -163,9 +162,8 @@ def _aot_impl(pid: str, trtp, inputs: list, config: str) -> tuple:
     params.block_x, params.block_y, params.block_z = k["block"]
     params.shared_mem = k["shared"]
     extra = trtp.SymIntExprs(len(desc.kernel.extra_args))
-    for i, e in enumerate(desc.kernel.extra_args):
-        S = inputs[buffers.index("count")].shape_expr[0] - 1
-        extra[i] = trtp.SymInt32(n if e == "n" else S)
+    for i, e in enumerate(desc.kernel.extra_args):  # "n", or "S": the cursors' length - 1
+        extra[i] = trtp.SymInt32(n if e == "n" else inputs[buffers.index("count")].shape_expr[0] - 1)
     return k["name"], k["ptx"], params, extra
 
 
@@ -190,7 +188,7 @@ def add_step(network, tensors: dict, spec, cfg, *, op: str, tokens: int, layer: 
         raise ValueError(f"tensors: missing {missing} (names of aot.step_buffers)")
     config = step_config(spec, cfg, op=op, tokens=tokens, layer=layer, has_z=has_z, state_layout=state_layout,
                          arch=arch)
-    _, trtp = _trt()
+    trtp = _trtp()
     register()
     cur = dict(tensors)
     for desc in descs:
