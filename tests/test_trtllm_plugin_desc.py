@@ -37,8 +37,9 @@ def test_mamba2_shapes_and_dtypes():
     step, flush, adv = pd.describe_step(SPECS["mamba2"], _cfg("fp8"), op="verify", tokens=3, has_z=True)
     assert [step.plugin_id, flush.plugin_id, adv.plugin_id] == \
         ["replayssm::mamba2_verify", "replayssm::mamba2_verify_flush", "replayssm::advance"]
-    want = {"ckpt": ("checkpoint", ("S", H, P, N), F32), "rc_codes": ("read_codes", ("S", H, P, N), torch.float8_e4m3fn),
-            "rc_bs": ("read_block_scale", ("S", H, P, N // 16), torch.float8_e4m3fn),
+    fp8 = torch.float8_e4m3fn
+    want = {"ckpt": ("checkpoint", ("S", H, P, N), F32), "rc_codes": ("read_codes", ("S", H, P, N), fp8),
+            "rc_bs": ("read_block_scale", ("S", H, P, N // 16), fp8),
             "rc_rs": ("read_row_scale", ("S", H, P), F32), "ring_x": ("ring_x", ("S", H, 8, P), BF16),
             "ring_dt": ("ring_dt", ("S", H, 8), F32), "ring_B": ("ring_B", ("S", G, 8, N), BF16),
             "slots": ("slots", ("n",), torch.int64), "x": ("x", ("n", 3, H, P), BF16), "dt": ("dt", ("n", 3, H), F32),

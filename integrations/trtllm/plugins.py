@@ -107,7 +107,8 @@ def _bound(fn, sig: inspect.Signature, names: list[str]):
     def wrapper(*args, **kw):
         b = sig.bind(*args, **kw).arguments
         if not isinstance(b["config"], str):
-            raise TypeError(f"config: expected the JSON string of plugins.step_config, got {type(b['config']).__name__}")
+            raise TypeError("config: expected the JSON string of plugins.step_config, got "
+                            f"{type(b['config']).__name__}")
         return fn([b[n] for n in names], b["config"])
     wrapper.__signature__ = sig
     return wrapper
