@@ -5,11 +5,11 @@ API read at NVIDIA/TensorRT ``python/packaging/bindings_wheel/tensorrt/plugin/``
 17003e4, ``_lib.py`` 5ca4580, ``_validate.py`` 8c6d69d, and the ``tensorrt.plugin.aot_impl``
 page) launches ONE kernel per plugin layer, passing its parameters as ``[input pointers...,
 extra scalar args..., output pointers...]`` (extra args integer only). An aliased output
-(``TensorDesc.aliased()``) shares its input's buffer: that is how the in-place checkpoint, read copy, ring and cursors are expressed. ``register``
-fixes a plugin's output count from its return annotation, so every config of a plugin id has the
-same outputs: without a read copy the ``read_*`` outputs alias the inputs that stand in for it
-(never written), and the step passes alias the cursors out too (not written) so that TensorRT
-orders ``advance`` after them.
+(``TensorDesc.aliased()``) shares its input's buffer: that is how the in-place checkpoint, read
+copy, ring and cursors are expressed. ``register`` fixes a plugin's output count from its return
+annotation, so every config of a plugin id has the same outputs: without a read copy the
+``read_*`` outputs alias the inputs that stand in for it (never written), and the step passes
+alias the cursors out too (not written) so that TensorRT orders ``advance`` after them.
 
 A replay step is two launches (``kernels/ops.py``: the non-flush pass, then the flush pass) and a
 cursor move, so each step op is three plugin layers:
