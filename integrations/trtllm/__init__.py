@@ -1,5 +1,11 @@
-"""TensorRT-LLM adapter. Built so far: ``aot`` (PTX + launch manifest of the shared kernels).
+"""TensorRT-LLM adapter.
 
-The TensorRT plugins and the PyTorch-backend modules are not built yet (README.md, Status).
-Nothing here imports tensorrt or tensorrt_llm.
+- ``aot``: PTX + launch manifest of the shared kernels (the launches ``kernels/ops.py`` performs).
+- ``plugin_desc``: TensorRT plugin descriptors as plain data (inputs, outputs, aliasing, launch).
+- ``plugins``: ``tensorrt.plugin`` registrations (AOT) and ``add_step`` for a network; needs TensorRT.
+- ``cache``: ``ReplayMambaStates``, replay bookkeeping over TRT-LLM's own SSM state tensor, and
+  ``cache_manager_class`` (TRT-LLM's ``PythonMambaCacheManager`` with it; needs TensorRT-LLM).
+
+Nothing here imports tensorrt or tensorrt_llm at import time. README.md, "TensorRT-LLM", says what
+was verified where and what never ran.
 """

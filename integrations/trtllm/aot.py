@@ -54,61 +54,120 @@ def _signature(kernel, args: list, constexprs: dict) -> dict:
     return sig
 
 
+def _dim(d, n: int, S: int) -> int:
+    return {"n": n, "S": S, "S + 1": S + 1}.get(d, d) if isinstance(d, str) else d
+
+
+def step_buffers(spec, cfg, tokens: int, *, has_z: bool = True, state_layout: str = "kv") -> dict:
+    """Every tensor of one layer's step, in ``mamba2_step`` / ``delta_step`` argument order:
+    name -> (shape, dtype), shapes symbolic in ``"n"`` (rows), ``"S"`` (slots) and ``"S + 1"``.
+
+    The checkpoint is the framework's tensor: ``[S, HV, V, K]`` for a delta family with
+    ``state_layout="vk"`` (the op then reads it through a transposed view). Read-copy buffers
+    exist only for the fp8 / nvfp4 read formats; ``z`` only with ``has_z`` (Mamba-2).
+    """
+    from replayssm import formats, ring
+
+    if state_layout not in ("kv", "vk"):
+        raise ValueError(f"state_layout: expected 'kv' or 'vk', got {state_layout!r}")
+    f32, i32, act = torch.float32, torch.int32, cfg.torch_ring_dtype
+    state = tuple(spec.state_shape)
+    if spec.is_delta and state_layout == "vk":
+        state = (state[0], state[2], state[1])
+    bufs = {"checkpoint": (("S", *state), cfg.torch_checkpoint_dtype)}
+    if cfg.read_format != "checkpoint":
+        heads, rows, cols = spec.read_rows_cols
+        for k, (shape, dt) in formats.read_copy_shapes(cfg.read_format, rows, cols).items():
+            bufs[f"read_{k}"] = (("S", heads, *shape), dt)
+    bufs.update({f"ring_{k}": (("S", *shape), dt) for k, (shape, dt) in ring.ring_buffers(spec, cfg).items()})
+    bufs.update({k: (("S + 1",), i32) for k in ("count", "origin", "epoch")})
+    bufs["slots"] = (("n",), torch.int64)
+    lead = ("n", tokens)
+    if spec.family == "mamba2":
+        H, P, N, G = spec.num_heads, spec.head_dim, spec.state_dim, spec.num_groups
+        bufs.update(x=((*lead, H, P), act), dt=((*lead, H), f32), A=((H,), f32), B=((*lead, G, N), act),
+                    C=((*lead, G, N), act), D=((H,), f32), dt_bias=((H,), f32))
+        if has_z:
+            bufs["z"] = ((*lead, H, P), act)
+        bufs["out"] = ((*lead, H, P), act)
+        return bufs
+    HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
+    g = (*lead, HV, K) if spec.family == "kda" else (*lead, HV)
+    bufs.update(q=((*lead, HK, K), act), k=((*lead, HK, K), act), v=((*lead, HV, V), act), g=(g, f32),
+                beta=((*lead, HV), f32), out=((*lead, HV, V), act))
+    return bufs
+
+
+def materialize(buffers: dict, n: int, S: int, device="meta") -> dict:
+    """Tensors of ``step_buffers`` for ``n`` rows and ``S`` slots (uninitialized; meta by default)."""
+    return {k: torch.empty([_dim(d, n, S) for d in shape], dtype=dt, device=device)
+            for k, (shape, dt) in buffers.items()}
+
+
+def step_plan(spec, cfg, tensors: dict, *, committed: bool, layer: int = 0, state_layout: str = "kv") -> list:
+    """``ops.mamba2_plan`` / ``ops.delta_plan`` over named step tensors (as ``materialize`` gives)."""
+    from replayssm.kernels import ops
+    from replayssm.kernels.formats.triton import CKPT_CODES, READ_CODES
+
+    t = dict(tensors)
+    if spec.is_delta and state_layout == "vk":
+        t["checkpoint"] = t["checkpoint"].transpose(-1, -2)
+    read = [t.get(f"read_{k}") for k in ("codes", "block_scale", "row_scale")]
+    fmt = dict(checkpoint_format=CKPT_CODES[cfg.checkpoint_dtype], read_format=READ_CODES[cfg.read_format],
+               sr_base=ops.sr_base(cfg.seed, layer))
+    if spec.family == "mamba2":
+        return ops.mamba2_plan(t["checkpoint"], *read, t["ring_x"], t["ring_dt"], t["ring_B"], t["count"],
+                               t["origin"], t["epoch"], t["slots"], t["x"], t["dt"], t["A"], t["B"], t["C"],
+                               t["D"], t["dt_bias"], t.get("z"), t["out"], cfg.window, committed, **fmt)
+    return ops.delta_plan(t["checkpoint"], *read, t["ring_k"], t["ring_v"], t["ring_g"], t["ring_beta"], t["ring_d"],
+                          t["count"], t["origin"], t["epoch"], t["slots"], t["q"], t["k"], t["v"], t["g"], t["beta"],
+                          t["out"], spec.head_k_dim ** -0.5, cfg.window, committed, **fmt)
+
+
 def plan_for(model: str, tokens: int, read_format: str, checkpoint_dtype: str, window: int, n: int = 8):
     """The launches of one step of ``model`` (meta tensors: shapes, dtypes and strides only)."""
     import replayssm as rs
-    from replayssm import formats, ring
-    from replayssm.kernels import ops
-    from replayssm.kernels.formats.triton import CKPT_CODES, READ_CODES
 
     dims = dict(MODELS[model])
     family = dims.pop("family")
     spec = getattr(rs.LayerSpec, family)(**dims)
     cfg = rs.ReplayConfig(window=window, max_draft_tokens=max(tokens - 1, 0), checkpoint_dtype=checkpoint_dtype,
                           read_format=read_format, ring_dtype="bfloat16")
-    meta = dict(device="meta")
-    S = 2 * n
-    ckpt = torch.empty(S, *spec.state_shape, dtype=cfg.torch_checkpoint_dtype, **meta)
-    bufs = {k: torch.empty(S, *shape, dtype=dt, **meta) for k, (shape, dt) in ring.ring_buffers(spec, cfg).items()}
-    read = [None, None, None]
-    if read_format != "checkpoint":
-        heads, rows, cols = spec.read_rows_cols
-        shapes = formats.read_copy_shapes(read_format, rows, cols)
-        read = [torch.empty(S, heads, *shapes[k][0], dtype=shapes[k][1], **meta)
-                for k in ("codes", "block_scale", "row_scale")]
-    cur = [torch.empty(S + 1, dtype=torch.int32, **meta) for _ in range(3)]
-    slots = torch.empty(n, dtype=torch.int64, **meta)
-    act = torch.bfloat16
-    fmt = dict(checkpoint_format=CKPT_CODES[checkpoint_dtype], read_format=READ_CODES[read_format],
-               sr_base=2 ** 31 + 1)
-    if family == "mamba2":
-        H, P, N, G = spec.num_heads, spec.head_dim, spec.state_dim, spec.num_groups
-        e = lambda *shape, dtype=act: torch.empty(*shape, dtype=dtype, **meta)  # noqa: E731
-        vec = e(H, dtype=torch.float32)
-        return spec, ops.mamba2_plan(ckpt, *read, bufs["x"], bufs["dt"], bufs["B"], *cur, slots,
-                                     e(n, tokens, H, P), e(n, tokens, H, dtype=torch.float32), vec,
-                                     e(n, tokens, G, N), e(n, tokens, G, N), vec, vec, e(n, tokens, H, P),
-                                     e(n, tokens, H, P), window, tokens == 1, **fmt)
-    HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
-    e = lambda *shape, dtype=act: torch.empty(*shape, dtype=dtype, **meta)  # noqa: E731
-    g = e(n, tokens, HV, K, dtype=torch.float32) if family == "kda" else e(n, tokens, HV, dtype=torch.float32)
-    return spec, ops.delta_plan(ckpt, *read, bufs["k"], bufs["v"], bufs["g"], bufs["beta"], bufs["d"], *cur, slots,
-                                e(n, tokens, HK, K), e(n, tokens, HK, K), e(n, tokens, HV, V), g,
-                                e(n, tokens, HV, dtype=torch.float32), e(n, tokens, HV, V), K ** -0.5, window,
-                                tokens == 1, **fmt)
+    tensors = materialize(step_buffers(spec, cfg, tokens), n, 2 * n)
+    return spec, step_plan(spec, cfg, tensors, committed=tokens == 1)
+
+
+def compile_launch(lc, arch: str, *, bake_scalars: bool = False, runtime: tuple = ()):
+    """``triton.compile`` of one launch for ``arch`` (sm_90, sm_100a, ...); returns (signature, compiled).
+
+    Integer arguments stay plain i32 parameters (i64 ``sr_base``) unless ``bake_scalars``: then
+    every non-tensor argument not named in ``runtime`` (strides, window, capacity, sr_base, scale)
+    is compiled in as a constant.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("TRITON_INTERPRET=1 is set: the kernels are interpreted functions; unset it to compile")
+    cc = int(arch.removeprefix("sm_").rstrip("a"))
+    consts = dict(lc.constexprs)
+    if bake_scalars:
+        names = [a for a in lc.kernel.arg_names if a not in lc.constexprs]
+        consts.update({k: v for k, v in zip(names, lc.args) if not isinstance(v, torch.Tensor) and k not in runtime})
+    args = [v for k, v in zip([a for a in lc.kernel.arg_names if a not in lc.constexprs], lc.args) if k not in consts]
+    sig = _signature(lc.kernel, args, consts)
+    src = ASTSource(fn=lc.kernel, signature=sig,
+                    constexprs={(lc.kernel.arg_names.index(k),): v for k, v in consts.items()})
+    return sig, triton.compile(src, target=GPUTarget("cuda", cc, 32), options=dict(num_warps=lc.num_warps))
 
 
 def compile_all(out: str, arch: str, models, tokens, read_formats, checkpoint_dtype: str, window: int) -> dict:
     """Compile every requested kernel to ``out``; returns the manifest (also written as manifest.json)."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from replayssm.ring import RING_VERSION
 
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError("TRITON_INTERPRET=1 is set: the kernels are interpreted functions; unset it to compile")
-    cc = int(arch.removeprefix("sm_").rstrip("a"))
     os.makedirs(out, exist_ok=True)
     entries = []
     for model in models:
@@ -116,10 +175,7 @@ def compile_all(out: str, arch: str, models, tokens, read_formats, checkpoint_dt
             for rf in read_formats:
                 spec, plan = plan_for(model, T, rf, checkpoint_dtype, window)
                 for lc in plan:
-                    sig = _signature(lc.kernel, lc.args, lc.constexprs)
-                    consts = {(lc.kernel.arg_names.index(k),): v for k, v in lc.constexprs.items()}
-                    src = ASTSource(fn=lc.kernel, signature=sig, constexprs=consts)
-                    compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=dict(num_warps=lc.num_warps))
+                    sig, compiled = compile_launch(lc, arch)
                     name = compiled.metadata.name
                     tag = f"{model}.T{T}.{rf}.{'flush' if lc.flush_pass else 'step'}"
                     fname = f"{tag}.ptx"

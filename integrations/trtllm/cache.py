@@ -1,0 +1,159 @@
+"""Replay for TensorRT-LLM's PyTorch backend: SSM-state bookkeeping over TRT-LLM's own state tensor.
+
+TensorRT-LLM cannot be installed here (no CPU wheels); this is written against its published
+names, read at NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/pyexecutor/mamba_cache_manager.py``
+(commit 00bce92; 1.2.x keeps the module at this path, later versions under ``kv_cache/``):
+
+- ``BaseMambaCacheManager.get_ssm_states(layer_idx)``: ``[slots, num_heads, head_dim, d_state]``;
+  ``PythonMambaCacheManager.State.temporal``: every layer's, ``[layers, slots, ...]``;
+  ``get_state_indices()``: each request's slot.
+- ``update_mamba_states(attn_metadata, num_accepted_tokens, state_indices)``, called by the spec
+  workers after acceptance: rows ``[attn_metadata.num_contexts, attn_metadata.num_seqs)`` are the
+  generation requests; ``num_accepted_tokens`` counts the verified token plus accepted drafts
+  (1..T), i.e. the verify tokens to keep.
+- Call sites (``_torch/modules/mamba/``): ``Mamba2Mixer`` plain decode ``selective_state_update``,
+  verify ``replay_selective_state_update`` (``mamba2_mixer.py``); ``Qwen3NextGatedDeltaNet``
+  plain decode ``fused_sigmoid_gating_delta_rule_update`` and verify ``_replay_verify_recurrent``
+  (``gdn_mixer.py``, commit 0d4bd90; adapted from SGLang, so its state is presumably SGLang's
+  ``[HV, V, K]``: ``state_layout="vk"``, not confirmed here). TRT-LLM's GDN kernels form the
+  gating (``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``) and L2-normalize q, k
+  inside; ``decode`` / ``verify`` here take them formed.
+
+:class:`ReplayMambaStates` adds what TRT-LLM's own replay lacks (field notes 4.3): plain-decode
+replay, a configurable window L, the precision split (fp32 / fp16-SR / bf16 checkpoint with an
+fp8 / NVFP4 read copy), and the spec commit as a cursor move. The checkpoint IS TRT-LLM's state
+tensor (wrapped, never copied): TRT-LLM's prefill kernels keep writing it, then
+:meth:`~ReplayMambaStates.after_prefill` empties those slots' rings. Its methods are plain and
+run on a CPU with the reference backend; :func:`cache_manager_class` ties them to TRT-LLM's
+``PythonMambaCacheManager`` (imported lazily; never run).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import replayssm as rs
+
+INSTALL_HINT = ("TensorRT-LLM 1.2.x is required: pip install tensorrt-llm==1.2.1 --extra-index-url "
+                "https://pypi.nvidia.com (Linux, Python 3.10 / 3.12); the PyPI package alone is a placeholder")
+
+
+class ReplayMambaStates:
+    """Replay state of every SSM layer of a model, its checkpoint being TRT-LLM's state tensor.
+
+    Args:
+        spec, cfg: layer dims and replay configuration (``cfg.checkpoint_dtype`` must be the
+            dtype of ``ssm_states``: TRT-LLM's ``mamba_ssm_cache_dtype``; ``float16_sr`` for fp16).
+        ssm_states: TRT-LLM's ``temporal`` ``[num_layers, num_slots, *state]`` (any strides),
+            read and written in place. Mamba-2 ``[.., H, P, N]``; GDN / KDA ``[.., HV, K, V]``
+            (``state_layout="kv"``) or ``[.., HV, V, K]`` ("vk").
+        backend: StatePool backend ("auto": Triton kernels on CUDA, the reference elsewhere).
+        padding_slots: TRT-LLM's shared dummy slots (``_padding_slot`` of the CUDA-graph padding
+            sentinels, ``_attention_dp_dummy_slot``): several rows of a batch may carry one, so
+            their rows are padding (-1: output zero, nothing read or written).
+
+    Slots are TRT-LLM's (``state_indices``, int on the state's device); every slot counts as
+    allocated. ``layer`` is TRT-LLM's local index (``mamba_layer_offsets[layer_idx]``).
+    Buffers: ``pool`` (a :class:`replayssm.StatePool`: read copy, rings, cursors).
+    """
+
+    def __init__(self, spec: rs.LayerSpec, cfg: rs.ReplayConfig, ssm_states: torch.Tensor, *,
+                 state_layout: str = "kv", backend: str = "auto", padding_slots: tuple = ()):
+        if not isinstance(ssm_states, torch.Tensor) or ssm_states.dim() != 5:
+            raise ValueError("ssm_states: expected TRT-LLM's temporal state tensor [layers, slots, *state], got "
+                             f"{type(ssm_states).__name__} {list(getattr(ssm_states, 'shape', []))}")
+        self.ssm_states = ssm_states
+        self.pool = rs.StatePool(spec, cfg, num_layers=ssm_states.shape[0], num_slots=ssm_states.shape[1],
+                                 device=ssm_states.device, backend=backend, checkpoint=ssm_states,
+                                 state_layout=state_layout)
+        self.pool.allocated.fill_(True)  # TRT-LLM's resource manager assigns the slots
+        bad = [p for p in padding_slots if not isinstance(p, int) or not 0 <= p < ssm_states.shape[1]]
+        if bad:
+            raise ValueError(f"padding_slots: expected slot indices in [0, {ssm_states.shape[1]}), got {bad[0]!r}")
+        self.padding_slots = torch.tensor(padding_slots, dtype=torch.int64, device=ssm_states.device)
+
+    def _rows(self, state_indices: torch.Tensor) -> torch.Tensor:
+        """int64 slots with TRT-LLM's shared padding slots as -1."""
+        if not isinstance(state_indices, torch.Tensor) or state_indices.dim() != 1 \
+                or state_indices.dtype.is_floating_point or state_indices.dtype == torch.bool:
+            raise ValueError("state_indices: expected a 1-d int tensor, got "
+                             f"{getattr(state_indices, 'dtype', type(state_indices).__name__)} "
+                             f"{list(getattr(state_indices, 'shape', []))}")
+        idx = state_indices.to(torch.int64)
+        return torch.where(torch.isin(idx, self.padding_slots), torch.full_like(idx, -1), idx)
+
+    def get_ssm_states(self, layer: int) -> torch.Tensor:
+        """TRT-LLM's state tensor of ``layer`` ``[slots, *state]`` (for its prefill kernels)."""
+        self.pool._layer(layer)
+        return self.ssm_states[layer]
+
+    def after_prefill(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
+        """TRT-LLM wrote the state of ``state_indices`` (prefill, new request, copy): empty their
+        rings and re-derive their read copy, in ``layer`` or every layer."""
+        self.pool.refresh(self._rows(state_indices), layer=layer)
+
+    def decode(self, layer: int, state_indices: torch.Tensor, *, out: torch.Tensor | None = None,
+               **inputs) -> torch.Tensor:
+        """One token per request through ``layer`` (``replayssm.decode``): ``[n, heads, dim]``."""
+        return rs.decode(self.pool, layer, self._rows(state_indices), out=out, **inputs)
+
+    def verify(self, layer: int, state_indices: torch.Tensor, *, out: torch.Tensor | None = None,
+               **inputs) -> torch.Tensor:
+        """T tokens per request through ``layer``, uncommitted (``replayssm.verify``): ``[n, T, heads, dim]``."""
+        return rs.verify(self.pool, layer, self._rows(state_indices), out=out, **inputs)
+
+    def update_mamba_states(self, attn_metadata, num_accepted_tokens: torch.Tensor,
+                            state_indices: torch.Tensor) -> None:
+        """TRT-LLM's commit after acceptance, for every layer: a cursor move, no state copy.
+
+        Args:
+            attn_metadata: has ``num_contexts`` and ``num_seqs`` (rows in between are generations).
+            num_accepted_tokens: int ``[>= num_seqs]``: tokens to keep of each request's verify (1..T).
+            state_indices: int ``[>= num_seqs]``: each request's slot.
+        """
+        lo, hi = int(attn_metadata.num_contexts), int(attn_metadata.num_seqs)
+        for name, t in (("num_accepted_tokens", num_accepted_tokens), ("state_indices", state_indices)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] < hi:
+                raise ValueError(f"{name}: expected a 1-d tensor of at least num_seqs={hi} rows, got "
+                                 f"{list(getattr(t, 'shape', []))}")
+        if hi > lo:
+            self.pool.commit(self._rows(state_indices[lo:hi]), num_accepted_tokens[lo:hi])
+
+    def materialize(self, state_indices: torch.Tensor) -> None:
+        """Fold the committed rings of ``state_indices`` into TRT-LLM's state tensor (before it is
+        copied out: prefix cache, disaggregated transfer). Afterwards that tensor is the state."""
+        self.pool.flush(self._rows(state_indices))
+
+    def read_state(self, layer: int, state_indices: torch.Tensor) -> torch.Tensor:
+        """fp32 state after every committed token ``[n, *state]`` (canonical layout); nothing changes."""
+        return self.pool.read_state(layer, self._rows(state_indices))
+
+
+def cache_manager_class():
+    """TRT-LLM's ``PythonMambaCacheManager`` with replay on its ``temporal`` tensor (never run here).
+
+    The returned class takes TRT-LLM's constructor arguments plus ``replay_spec``, ``replay_cfg``
+    and ``replay_state_layout`` keywords, and holds a :class:`ReplayMambaStates` as ``replay``
+    (its padding slots: TRT-LLM's ``_padding_slot`` and ``_attention_dp_dummy_slot``).
+    Plain decode only: a speculative manager is refused, since TRT-LLM's ``update_mamba_states``
+    also commits the conv windows (``intermediate_conv_window``), which is not wired to replay.
+    Raises ImportError (saying what to install) without TensorRT-LLM.
+    """
+    try:
+        from tensorrt_llm._torch.pyexecutor.mamba_cache_manager import PythonMambaCacheManager
+    except ImportError:
+        try:
+            from tensorrt_llm._torch.pyexecutor.kv_cache.mamba_cache_manager import PythonMambaCacheManager
+        except ImportError as e:
+            raise ImportError(f"replayssm.integrations.trtllm.cache_manager_class: {INSTALL_HINT} ({e})") from e
+
+    class ReplayPythonMambaCacheManager(PythonMambaCacheManager):
+        def __init__(self, *args, replay_spec, replay_cfg, replay_state_layout="kv", **kwargs):
+            super().__init__(*args, **kwargs)
+            if isinstance(self.mamba_cache, self.SpeculativeState):
+                raise ValueError("replay_cfg: speculative decoding through this manager is not wired (conv windows)")
+            pads = tuple(p for p in (self._padding_slot, self._attention_dp_dummy_slot) if p is not None)
+            self.replay = ReplayMambaStates(replay_spec, replay_cfg, self.mamba_cache.temporal,
+                                            state_layout=replay_state_layout, padding_slots=pads)
+
+    return ReplayPythonMambaCacheManager

@@ -1,0 +1,182 @@
+"""TRT-LLM cache bookkeeping (ReplayMambaStates) over a framework-owned state tensor, on the reference
+backend: outputs against the fp64 step recurrence, rings / cursors / checkpoint bit-exact against a
+standalone StatePool fed the same steps, TRT-LLM-style accept counts with context rows in front."""
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import SPECS, TOL, Params, f64, make_inputs, rms_ratio, step_oracle, token
+
+import replayssm as rs
+from replayssm.integrations.trtllm.cache import ReplayMambaStates, cache_manager_class
+
+NL, S = 2, 5
+# TRT-LLM's state_indices: a subset, unordered, with its shared CUDA-graph padding slot (1) twice
+SLOTS = torch.tensor([3, 1, 0, 1, 4])
+PAD = (1,)
+REF_SLOTS = torch.tensor([3, -1, 0, -1, 4])  # the same rows for a standalone pool
+REAL = REF_SLOTS >= 0
+REAL_SLOTS = REF_SLOTS[REAL]
+
+
+def _heads_dim(spec):
+    return (spec.num_heads, spec.head_dim) if spec.family == "mamba2" else (spec.num_v_heads, spec.head_v_dim)
+
+
+def _framework_states(spec, cfg, layout):
+    """TRT-LLM's temporal tensor: NaN everywhere, slot stride twice the state (any stride is allowed)."""
+    shape = list(spec.state_shape)
+    if spec.is_delta and layout == "vk":
+        shape[-2:] = shape[-2:][::-1]
+    big = torch.full((NL, S, 2, *shape), float("nan"), dtype=cfg.torch_checkpoint_dtype)
+    return big[:, :, 1]
+
+
+def _run(family, cfg, layout, steps=9, seed=0):
+    spec = SPECS[family]
+    gen = torch.Generator().manual_seed(seed)
+    temporal = _framework_states(spec, cfg, layout)
+    states = ReplayMambaStates(spec, cfg, temporal, state_layout=layout, backend="reference", padding_slots=PAD)
+    # the standalone pool has a tensor of the same layout (the reference's float sums follow strides)
+    ref = rs.StatePool(spec, cfg, num_layers=NL, num_slots=S, backend="reference",
+                       checkpoint=_framework_states(spec, cfg, layout), state_layout=layout)
+    ref.alloc(S)
+    params = Params(spec, NL, gen)
+    n = SLOTS.numel()
+    # prefill: TRT-LLM writes the state itself, then the rings of those slots are emptied
+    init = torch.randn(NL, n, *spec.state_shape, generator=gen) * 0.1
+    for layer in range(NL):
+        temporal[layer, REAL_SLOTS] = (init[layer, REAL].transpose(-1, -2) if layout == "vk" and spec.is_delta
+                                       else init[layer, REAL]).to(temporal.dtype)
+        ref.write_state(layer, REF_SLOTS, init[layer])
+    states.after_prefill(SLOTS)
+    oracle = [init[layer, REAL].double() for layer in range(NL)]
+    errs = []
+    for i in range(steps):
+        T = 3 if i % 3 == 2 else None
+        acc = torch.randint(1, 4, (n,), generator=gen) if T else None
+        for layer in range(NL):
+            inp = make_inputs(spec, params, layer, n, T, gen, cfg.torch_ring_dtype)
+            heads, dim = _heads_dim(spec)
+            out = torch.full((n, *((T,) if T else ()), heads, dim), float("nan"), dtype=cfg.torch_ring_dtype)
+            real = {k: (v[REAL] if isinstance(v, torch.Tensor) and v.shape[:1] == (n,) else v) for k, v in inp.items()}
+            if T is None:
+                y = states.decode(layer, SLOTS, out=out, **inp)
+                y_ref = rs.decode(ref, layer, REF_SLOTS, **inp)
+                y_o, oracle[layer] = step_oracle(spec, oracle[layer], f64(real))
+            else:
+                y = states.verify(layer, SLOTS, out=out, **inp)
+                y_ref = rs.verify(ref, layer, REF_SLOTS, **inp)
+                ys, St = [], oracle[layer]
+                keep, a = oracle[layer].clone(), acc[REAL]
+                for t in range(T):
+                    yt, St = step_oracle(spec, St, f64(token(real, t)))
+                    ys.append(yt)
+                    keep[a == t + 1] = St[a == t + 1]
+                y_o, oracle[layer] = torch.stack(ys, 1), keep
+            assert y is out and torch.equal(y, y_ref) and bool((y[~REAL] == 0).all())
+            errs.append(rms_ratio(y[REAL], y_o))
+        if T:
+            # TRT-LLM's call: a context request in row 0 (its entries must be ignored)
+            meta = SimpleNamespace(num_contexts=1, num_seqs=n + 1)
+            states.update_mamba_states(meta, torch.cat([torch.tensor([99]), acc]).int(),
+                                       torch.cat([torch.tensor([2]), SLOTS]).int())
+            ref.commit(REF_SLOTS, acc)
+    return spec, states, ref, temporal, oracle, errs
+
+
+CASES = [(f, lay) for f in SPECS for lay in (("kv", "vk") if f != "mamba2" else ("kv",))]
+
+
+@pytest.mark.parametrize("family,layout", CASES, ids=[f"{f}-{lay}" for f, lay in CASES])
+def test_replay_over_framework_tensor(family, layout):
+    cfg = rs.ReplayConfig(window=4, max_draft_tokens=2)
+    spec, states, ref, temporal, oracle, errs = _run(family, cfg, layout)
+    assert max(errs) < TOL["float32"]
+    for k in ref.ring:
+        assert torch.equal(states.pool.ring[k], ref.ring[k]), k
+    for k in ref.cursors:
+        assert torch.equal(states.pool.cursors[k], ref.cursors[k]), k
+    assert torch.equal(states.pool.checkpoint[:, REAL_SLOTS], ref.checkpoint[:, REAL_SLOTS])
+    # the padding slot and the context row's slot are never touched
+    assert torch.isnan(temporal[:, 1]).all() and torch.isnan(temporal[:, 2]).all()
+    for layer in range(NL):
+        assert rms_ratio(states.read_state(layer, SLOTS)[REAL], oracle[layer]) < TOL["float32"]
+    states.materialize(SLOTS)
+    assert (states.pool.cursors["count"][:, REAL_SLOTS] == 0).all()
+    for layer in range(NL):
+        view = states.get_ssm_states(layer)[REAL_SLOTS]
+        canon = view.transpose(-1, -2) if layout == "vk" and spec.is_delta else view
+        assert rms_ratio(canon, oracle[layer]) < TOL["float32"]
+
+
+@pytest.mark.parametrize("family", list(SPECS))
+def test_precision_split(family):
+    """bf16 checkpoint + NVFP4 read copy: outputs within the NVFP4 tolerance, the state within bf16's."""
+    cfg = rs.ReplayConfig(window=4, max_draft_tokens=2, checkpoint_dtype="bfloat16", read_format="nvfp4")
+    _, states, ref, _, oracle, errs = _run(family, cfg, "vk" if family != "mamba2" else "kv", steps=6)
+    assert max(errs) < TOL["nvfp4"] and sum(errs) / len(errs) < TOL["nvfp4"] / 4
+    for k in ref.read:
+        assert torch.equal(states.pool.read[k][:, REAL_SLOTS], ref.read[k][:, REAL_SLOTS]), k
+    for layer in range(NL):
+        assert rms_ratio(states.read_state(layer, SLOTS)[REAL], oracle[layer]) < TOL["bfloat16"]
+
+
+def _states(family="gdn", **cfg_kw):
+    spec = SPECS[family]
+    cfg = rs.ReplayConfig(window=4, max_draft_tokens=2, **cfg_kw)
+    return ReplayMambaStates(spec, cfg, torch.zeros(NL, S, *spec.state_shape), backend="reference")
+
+
+def test_accept_count_out_of_range_is_refused():
+    states = _states()
+    spec = SPECS["gdn"]
+    gen = torch.Generator().manual_seed(1)
+    slots = REAL_SLOTS
+    for layer in range(NL):
+        states.verify(layer, slots, **make_inputs(spec, Params(spec, NL, gen), layer, 3, 2, gen))
+    meta = SimpleNamespace(num_contexts=0, num_seqs=3)
+    with pytest.raises(ValueError, match=r"num_accepted: expected values in 1\.\.T"):
+        states.update_mamba_states(meta, torch.tensor([1, 3, 1]), slots)
+    with pytest.raises(ValueError, match="state_indices: expected a 1-d tensor of at least num_seqs=3"):
+        states.update_mamba_states(meta, torch.tensor([1, 2, 1]), slots[:2])
+
+
+def test_repeated_slot_needs_padding_slots():
+    states = _states()
+    spec = SPECS["gdn"]
+    gen = torch.Generator().manual_seed(2)
+    inp = make_inputs(spec, Params(spec, NL, gen), 0, SLOTS.numel(), None, gen)
+    with pytest.raises(ValueError, match="slots: expected distinct slot indices"):
+        states.decode(0, SLOTS, **inp)
+    with pytest.raises(ValueError, match=r"padding_slots: expected slot indices in \[0, 5\), got 5"):
+        ReplayMambaStates(spec, rs.ReplayConfig(), torch.zeros(NL, S, *spec.state_shape), padding_slots=(5,))
+    with pytest.raises(ValueError, match="state_indices: expected a 1-d int tensor, got torch.float32"):
+        states.decode(0, SLOTS.float(), **inp)
+
+
+def test_commit_without_generation_rows_is_a_no_op():
+    states = _states()
+    before = {k: v.clone() for k, v in states.pool.cursors.items()}
+    states.update_mamba_states(SimpleNamespace(num_contexts=2, num_seqs=2), torch.tensor([5, 5]), torch.tensor([0, 1]))
+    assert all(torch.equal(before[k], states.pool.cursors[k]) for k in before)
+
+
+def test_state_tensor_is_checked():
+    spec = SPECS["mamba2"]
+    cfg = rs.ReplayConfig(window=4)
+    with pytest.raises(ValueError, match="ssm_states: expected TRT-LLM's temporal state tensor"):
+        ReplayMambaStates(spec, cfg, torch.zeros(S, *spec.state_shape))
+    with pytest.raises(TypeError, match="checkpoint: expected dtype torch.float32"):
+        ReplayMambaStates(spec, cfg, torch.zeros(NL, S, *spec.state_shape, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="layer: expected an int in"):
+        ReplayMambaStates(spec, cfg, torch.zeros(NL, S, *spec.state_shape)).get_ssm_states(NL)
+
+
+def test_cache_manager_class_says_what_to_install(monkeypatch):
+    for m in ("tensorrt_llm", "tensorrt_llm._torch", "tensorrt_llm._torch.pyexecutor"):
+        monkeypatch.setitem(sys.modules, m, None)
+    with pytest.raises(ImportError, match=r"TensorRT-LLM 1\.2\.x is required: pip install tensorrt-llm==1\.2\.1"):
+        cache_manager_class()
