@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(PY) -m replayssm.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 	$(MAKE) test-wheel
 
 # The same package from a built wheel, imported from outside the source tree.
