@@ -33,12 +33,13 @@ SPECS = {
 
 # script letters: D decode, V<T> verify of T tokens then commit a random prefix, F fork every
 # live sequence, X pool.flush of every live sequence. With window 4: "decode" flushes at its 4th
-# token (count 3 + 1 == window); "flush" verifies 2 tokens at count 2 (count + T == window).
+# token (count 3 + 1 == window); "flush" verifies 2 tokens at count 2 and 3 at count 1
+# (count + T == window) around a pool.flush.
 MODES = {
     "decode": (dict(window=4), "D D D D D", True),
     "verify": (dict(window=4, max_draft_tokens=2), "V3 D V2 V3 D", True),
     "fork": (dict(window=4), "D D F D D D", False),
-    "flush": (dict(window=4, max_draft_tokens=2), "D D V2 D X D", True),
+    "flush": (dict(window=4, max_draft_tokens=2), "D D V2 D X D V3", True),
     "fp8-fp16sr": (dict(window=4, max_draft_tokens=2, read_format="fp8", checkpoint_dtype="float16_sr", seed=7),
                    "V3 D V2 D D", True),
     "nvfp4-bf16": (dict(window=4, max_draft_tokens=2, read_format="nvfp4", checkpoint_dtype="bfloat16",
