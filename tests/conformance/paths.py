@@ -29,8 +29,8 @@ from vectors import INIT_SEQS, NUM_LAYERS, Case, Step
 class Trace:
     """What one path produced for one case.
 
-    outputs: per decode / verify step, ``[n, (T,) heads, dim]`` (padded rows included; None where
-        a path cannot take the step's rows).
+    outputs: per decode / verify step, ``[n, (T,) heads, dim]`` (padded rows included; the
+        transformers path has no padding and leaves those rows NaN).
     state: ``"ring.x"``, ``"cursor.count"``, ``"checkpoint"``, ``"read.codes"`` ... ->
         ``[num_seqs, ...]`` in logical sequence order (canonical checkpoint layout).
     launches: the Triton launches of the steps, in order (``replayssm.kernels.ops.Launch``).
@@ -50,6 +50,7 @@ def _out(case: Case, step: Step) -> torch.Tensor:
 
 
 def _snapshot(pool: rs.StatePool, phys: list[int]) -> dict:
+    """Layer 0's rings, cursors, read copy and checkpoint of slots ``phys`` (logical order), copied."""
     idx = torch.tensor(phys)
     state = {f"ring.{k}": v[0, idx].clone() for k, v in pool.ring.items()}
     state.update({f"cursor.{k}": v[0, idx].clone() for k, v in pool.cursors.items()})
@@ -189,7 +190,7 @@ def _sglang_step(case: Case, step: Step, temporal: torch.Tensor, slots: torch.Te
         kw["z"] = step.inputs["z"]
         return mamba_mod.selective_state_update(temporal, *args, **kw)
     spec, raw = case.spec, step.raw
-    HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
+    HV, K, V = spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
     A_log = torch.zeros(HV)
     dt_bias = torch.zeros(HV) if case.family == "gdn" else torch.zeros(HV * K)
     if case.family == "gdn":
@@ -301,14 +302,15 @@ def run_transformers(case: Case, backend: str = "reference") -> Trace:
     (its commit keeps one count for the whole batch): the initial state through
     ``update_recurrent_state`` (the prefill's hand-over) in every recurrent layer, steps through the
     modeling module's routed step / chunk functions (the same inputs in every layer; the trace
-    keeps the last layer's outputs and pool layer 0's state), ``cache.commit`` after a verify. Decode and verify scripts
-    only; padded rows have no counterpart (their outputs stay None) and Mamba-2's chunk function
-    takes no gate ``z`` (the model gates afterwards), so its verify outputs are ungated."""
+    keeps the last layer's outputs and pool layer 0's state), ``cache.commit`` after a verify.
+    Decode and verify scripts only; padded rows have no counterpart (their outputs stay NaN) and
+    Mamba-2's chunk function takes no gate ``z`` (the model gates afterwards), so its verify
+    outputs are ungated."""
     import importlib
 
     from replayssm.integrations.transformers.cache import ReplayCache
     model = transformers_model(case)
-    trace = Trace([torch.full_like(_out(case, s), float("nan")) for s in case.steps if s.kind != "flush"])
+    trace = Trace([_out(case, s) for s in case.steps])
     per_seq = []
     for seq in range(INIT_SEQS):
         cache = ReplayCache(model, case.cfg, batch_size=1, backend=backend)

@@ -1,13 +1,14 @@
 """Cross-framework conformance: the same vectors (``vectors.py``) through every path that runs on a CPU.
 
 Every path's outputs are checked against the fp64 step recurrence within ``helpers.TOL``
-(padded rows exactly zero, fresh output buffers NaN-poisoned). Against the reference pool, raw
-ring entries and cursors are bit-exact on every path (the delta families' d cache within the
-pair tolerance); a path that runs the same implementation on the same inputs (SGLang's pool over
-either backend, transformers' ReplayCache over the reference) is bit-exact in outputs, rings,
-cursors, checkpoint and read-copy bytes. The TensorRT-LLM AOT plans (``plan_for``) must launch the
-same kernels with the same constexprs, warps, grid and argument order as the torch ops did.
-The last test prints the matrix path x family x mode.
+(padded rows exactly zero; output buffers the suite hands in start NaN-poisoned). Against the
+reference pool, raw ring entries and cursors are bit-exact on every path (the delta families' d
+cache within the pair tolerance of two implementations). SGLang's pool over a backend is
+bit-exact with the standalone pool of that backend in outputs, rings, cursors, checkpoint and
+read-copy bytes wherever the same arithmetic runs in the same order (``layout_exact``). The
+TensorRT-LLM AOT plans (``plan_for``) must launch the same kernels with the same constexprs,
+warps, grid and arguments as the torch ops did. The last test prints the matrix path x family x
+mode.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ pytest.importorskip("sglang")
 
 RESULTS: dict = {}   # (path, family, mode) -> (passed, max error vs the recurrence or None, checks failed)
 TRANSFORMERS_MODES = ("decode", "verify", "fp8-fp16sr", "nvfp4-bf16")   # no fork / flush / padding in a DynamicCache
-SGLANG_TRITON_MODES = ("decode", "verify", "flush", "nvfp4-bf16")
+SGLANG_TRITON_MODES = ("decode", "verify", "flush", "fp8-fp16sr", "nvfp4-bf16")
 
 
 @functools.cache

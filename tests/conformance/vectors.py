@@ -115,10 +115,11 @@ def _mamba2_inputs(spec, params, lead, gen, dtype) -> dict:
 def _delta_inputs(spec, lead, gen, dtype) -> tuple[dict, dict]:
     HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
     gate = (HV,) if spec.family == "gdn" else (HV, K)
-    raw = dict(q=torch.randn(*lead, HK, K, generator=gen).to(dtype), k=torch.randn(*lead, HK, K, generator=gen).to(dtype),
-               v=torch.randn(*lead, HV, V, generator=gen).to(dtype),
+    r = lambda *s: torch.randn(*lead, *s, generator=gen).to(dtype)  # noqa: E731
+    raw = dict(q=r(HK, K), k=r(HK, K), v=r(HV, V),
                # softplus(a) in ~[0.005, 0.2]: long memory, never zero decay
                a=torch.randn(*lead, *gate, generator=gen) * 0.5 - 3.5, b=torch.randn(*lead, HV, generator=gen))
+    # the adapter's gating with A_log = dt_bias = 0: -exp(0) * softplus(a + 0), sigmoid(b)
     inputs = dict(q=l2norm(raw["q"]), k=l2norm(raw["k"]).to(dtype), v=raw["v"],
                   g=-1.0 * F.softplus(raw["a"].float() + 0.0, threshold=20.0), beta=torch.sigmoid(raw["b"].float()),
                   scale=spec.head_k_dim ** -0.5)
