@@ -50,12 +50,13 @@ def _out(case: Case, step: Step) -> torch.Tensor:
 
 
 def _snapshot(pool: rs.StatePool, phys: list[int]) -> dict:
-    """Layer 0's rings, cursors, read copy and checkpoint of slots ``phys`` (logical order), copied."""
-    idx = torch.tensor(phys)
-    state = {f"ring.{k}": v[0, idx].clone() for k, v in pool.ring.items()}
-    state.update({f"cursor.{k}": v[0, idx].clone() for k, v in pool.cursors.items()})
-    state.update({f"read.{k}": v[0, idx].clone() for k, v in pool.read.items()})
-    state["checkpoint"] = pool.checkpoint[0, idx].contiguous()
+    """Layer 0's rings, cursors, read copy and checkpoint of slots ``phys`` (logical order), copied
+    to the CPU."""
+    idx = torch.tensor(phys, device=pool.device)
+    state = {f"ring.{k}": v[0, idx].cpu() for k, v in pool.ring.items()}
+    state.update({f"cursor.{k}": v[0, idx].cpu() for k, v in pool.cursors.items()})
+    state.update({f"read.{k}": v[0, idx].cpu() for k, v in pool.read.items()})
+    state["checkpoint"] = pool.checkpoint[0, idx].contiguous().cpu()
     return state
 
 
@@ -124,26 +125,29 @@ def recorded_launches():
         ops.launch = original
 
 
-def run_pool(case: Case, backend: str) -> Trace:
-    """``StatePool(backend)`` driven by ``replayssm.decode`` / ``verify`` / ``pool.commit`` /
-    ``pool.fork`` / ``pool.flush``; slots of the initial sequences written by ``write_state``."""
-    pool = rs.StatePool(case.spec, case.cfg, num_layers=NUM_LAYERS, num_slots=case.num_seqs + 1, backend=backend)
+def run_pool(case: Case, backend: str, device="cpu") -> Trace:
+    """``StatePool(backend)`` on ``device`` driven by ``replayssm.decode`` / ``verify`` /
+    ``pool.commit`` / ``pool.fork`` / ``pool.flush``; slots of the initial sequences written by
+    ``write_state``. The trace is on the CPU."""
+    pool = rs.StatePool(case.spec, case.cfg, num_layers=NUM_LAYERS, num_slots=case.num_seqs + 1, device=device,
+                        backend=backend)
     first = pool.alloc(INIT_SEQS)
-    pool.write_state(0, first, case.init_state)
+    pool.write_state(0, first, case.init_state.to(device))
     table = dict(enumerate(first.tolist()))
     trace = Trace([])
     with contextlib.ExitStack() as stack:
         if backend == "triton":
             trace.launches = stack.enter_context(recorded_launches())
         for step in case.steps:
-            slots = _slots(table, step.rows)
+            slots = _slots(table, step.rows).to(device)
             if step.kind == "fork":
                 table.update(zip(step.children, pool.fork(slots).tolist()))
             elif step.kind == "flush":
                 pool.flush(slots)
             else:
                 fn = rs.decode if step.kind == "decode" else rs.verify
-                trace.outputs.append(fn(pool, 0, slots, out=_out(case, step), **step.inputs))
+                inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in step.inputs.items()}
+                trace.outputs.append(fn(pool, 0, slots, out=_out(case, step).to(device), **inputs).cpu())
                 if step.kind == "verify":
                     pool.commit(slots, step.accepted)
     trace.state = _snapshot(pool, [table[i] for i in range(case.num_seqs)])
