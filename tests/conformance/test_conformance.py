@@ -214,10 +214,13 @@ def test_trtllm_aot_plan(family, mode, monkeypatch):
 
 
 @pytest.mark.xfail(strict=True, reason="aot.plan_for sizes the ring as max_draft_tokens = tokens - 1: a T = 1 plan "
-                   "for a pool that also verifies drafts gets a smaller window block BM than the op launches")
+                   "for a pool that also verifies drafts is another specialization (smaller window block BM) than "
+                   "the op launches")
 def test_trtllm_aot_decode_plan_for_a_drafting_pool():
     """Qwen3.5 GDN, window 16, drafts of up to 3 tokens (T_max 4): the pool's ring holds
-    max(15, 4) + 4 = 19 entries, so its decode launches BM = 32; the AOT decode plan sees 16."""
+    max(15, 4) + 4 = 19 entries, so its decode launches BM = 32; the AOT decode plan has 16. The
+    kernels index BM logical entries (history + tokens), so 16 suffices here, but not when a
+    small window meets many drafts (window 4, 15 drafts: up to 17 entries in a decode)."""
     from replayssm.integrations.trtllm import aot
     from replayssm.kernels import ops
     _, plan = aot.plan_for("qwen3.5", 1, "checkpoint", "float32", 16)
