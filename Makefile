@@ -9,7 +9,7 @@ SGLANG_DEPS := transformers==5.19.0 msgspec orjson pybase64 psutil requests pyda
 	aiohttp pillow tqdm regex IPython dill apache-tvm-ffi sentencepiece compressed-tensors gguf openai \
 	partial_json_parser uvloop jsonschema xgrammar soundfile python-multipart
 
-.PHONY: demo test test-wheel clean
+.PHONY: demo test test-wheel conformance clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n auto
 	$(MAKE) test-wheel
+
+# The cross-framework conformance suite alone (also part of `make test`); prints its matrix.
+conformance: $(STAMP)
+	$(PY) -m pytest -q tests/conformance
 
 # The same package from a built wheel, imported from outside the source tree.
 test-wheel: $(STAMP)
