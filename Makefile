@@ -24,7 +24,8 @@ demo: $(STAMP)
 	$(PY) -m replayssm.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --ignore=tests/conformance
+	$(MAKE) conformance
 	$(MAKE) test-wheel
 
 # The cross-framework conformance suite alone (also part of `make test`); prints its matrix.

@@ -251,8 +251,9 @@ def run_sglang(case: Case, backend: str) -> Trace:
                     mp.get_cpu_copy(slots)
                 else:
                     trace.outputs.append(_sglang_step(case, step, temporal, slots))
-                    if step.kind == "verify":
-                        mp.replay.commit(slots, step.accepted)
+                    if step.kind == "verify":   # as commit_after_verify does: sync-free on Triton
+                        mp.replay.commit(slots.to(mp.replay.device), step.accepted.to(mp.replay.device),
+                                         checked=replay_pool.checked(mp.replay))
         trace.state = _snapshot(mp.replay, [table[i] for i in range(case.num_seqs)])
         return trace
     finally:
