@@ -10,7 +10,9 @@ Kernels are compiled without value specialization: every integer argument is a p
 (``sr_base`` i64), so one PTX serves any strides and batch.
 
 ``manifest.json``: ``ring_contract_version``, ``arch``, and per kernel ``name`` (PTX entry),
-``file``, ``op``, ``model``, ``tokens``, ``flush_pass``, ``read_format``, ``checkpoint_dtype``,
+``file``, ``op``, ``model``, ``tokens``, ``max_draft_tokens`` (the pool's draft budget: every
+plan of one manifest sizes the ring for the largest ``tokens``), ``flush_pass``, ``read_format``,
+``checkpoint_dtype``,
 ``args`` (kernel order: name and Triton type), ``constexprs``, ``grid`` (``"n"`` = rows),
 ``block`` ([num_warps * 32, 1, 1]) and ``shared`` (bytes of dynamic shared memory).
 """
@@ -93,7 +95,8 @@ def step_buffers(spec, cfg, tokens: int, *, has_z: bool = True, state_layout: st
         return bufs
     HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
     g = (*lead, HV, K) if spec.family == "kda" else (*lead, HV)
-    bufs.update(q=((*lead, HK, K), act), k=((*lead, HK, K), act), v=((*lead, HV, V), act), g=(g, f32),
+    # q in fp32: the hosts L2-normalise it in fp32 before the op (SGLang and transformers adapters)
+    bufs.update(q=((*lead, HK, K), f32), k=((*lead, HK, K), act), v=((*lead, HV, V), act), g=(g, f32),
                 beta=((*lead, HV), f32), out=((*lead, HV, V), act))
     return bufs
 
@@ -124,14 +127,22 @@ def step_plan(spec, cfg, tensors: dict, *, committed: bool, layer: int = 0, stat
                           t["out"], spec.head_k_dim ** -0.5, cfg.window, committed, **fmt)
 
 
-def plan_for(model: str, tokens: int, read_format: str, checkpoint_dtype: str, window: int, n: int = 8):
-    """The launches of one step of ``model`` (meta tensors: shapes, dtypes and strides only)."""
+def plan_for(model: str, tokens: int, read_format: str, checkpoint_dtype: str, window: int, n: int = 8,
+             max_draft_tokens: int | None = None):
+    """The launches of one step of ``model`` (meta tensors: shapes, dtypes and strides only).
+
+    ``max_draft_tokens``: the pool's draft budget, which sizes its ring and so the kernels' window
+    block; every step of one pool (decode and each verify size) must use the pool's. None: just
+    enough for this step (``tokens - 1``)."""
     import replayssm as rs
 
+    drafts = max(tokens - 1, 0) if max_draft_tokens is None else max_draft_tokens
+    if not isinstance(drafts, int) or drafts < 0 or tokens > drafts + 1:
+        raise ValueError(f"max_draft_tokens: expected an int >= tokens - 1 = {tokens - 1}, got {max_draft_tokens!r}")
     dims = dict(MODELS[model])
     family = dims.pop("family")
     spec = getattr(rs.LayerSpec, family)(**dims)
-    cfg = rs.ReplayConfig(window=window, max_draft_tokens=max(tokens - 1, 0), checkpoint_dtype=checkpoint_dtype,
+    cfg = rs.ReplayConfig(window=window, max_draft_tokens=drafts, checkpoint_dtype=checkpoint_dtype,
                           read_format=read_format, ring_dtype="bfloat16")
     tensors = materialize(step_buffers(spec, cfg, tokens), n, 2 * n)
     return spec, step_plan(spec, cfg, tensors, committed=tokens == 1)
@@ -173,7 +184,7 @@ def compile_all(out: str, arch: str, models, tokens, read_formats, checkpoint_dt
     for model in models:
         for T in tokens:
             for rf in read_formats:
-                spec, plan = plan_for(model, T, rf, checkpoint_dtype, window)
+                spec, plan = plan_for(model, T, rf, checkpoint_dtype, window, max_draft_tokens=max(tokens) - 1)
                 for lc in plan:
                     sig, compiled = compile_launch(lc, arch)
                     name = compiled.metadata.name
@@ -183,7 +194,7 @@ def compile_all(out: str, arch: str, models, tokens, read_formats, checkpoint_dt
                         f.write(compiled.asm["ptx"])
                     entries.append(dict(
                         name=name, file=fname, op=lc.op, model=model, tokens=T, read_format=rf,
-                        checkpoint_dtype=checkpoint_dtype, window=window,
+                        checkpoint_dtype=checkpoint_dtype, window=window, max_draft_tokens=max(tokens) - 1,
                         flush_pass=bool(lc.flush_pass),
                         args=[dict(name=k, type=v) for k, v in sig.items() if v != "constexpr"],
                         constexprs={k: (v if isinstance(v, (int, float, bool, str)) else str(v))

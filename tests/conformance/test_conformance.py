@@ -148,13 +148,6 @@ def test_transformers_cache(family, mode):
     record("transformers", c, worst, problems)
 
 
-# argument types where the AOT build and the adapters' launches differ on purpose or by finding:
-# plan_for types q as the bf16 activation, while SGLang's and transformers' adapters hand the op
-# the fp32 q they L2-normalise (the vectors' q): a TensorRT plugin built from the manifest takes a
-# bf16 q, i.e. another specialization of the same kernel.
-AOT_TYPE_DIFFERENCES = {"gdn": {"q": ("*fp32", "*bf16")}, "kda": {"q": ("*fp32", "*bf16")}, "mamba2": {}}
-
-
 def _signature(lc) -> dict:
     """name -> Triton type of a launch's runtime arguments, in kernel order."""
     from replayssm.integrations.trtllm.aot import _signature as sig
@@ -175,7 +168,7 @@ def test_trtllm_aot_plan(family, mode, monkeypatch):
     """``aot.plan_for`` for the case's dims and config equals every launch the torch ops ran:
     kernel, constexprs, warps, grid, flush pass, arguments in order (names, tensor shapes past the
     slot axis, scalar values such as strides, window and capacity); pointer element types
-    too where the case uses the AOT build's bf16 ring (except ``AOT_TYPE_DIFFERENCES``). Loading
+    too where the case uses the AOT build's bf16 ring. Loading
     the PTX through the driver needs a GPU and is not run here."""
     from replayssm.integrations.trtllm import aot
     c, problems = case(family, mode), []
@@ -188,7 +181,7 @@ def test_trtllm_aot_plan(family, mode, monkeypatch):
     typed, compared = c.cfg.ring_dtype == "bfloat16", 0
     for j, step in enumerate(steps):
         _, plan = aot.plan_for("conformance", step.tokens or 1, c.cfg.read_format, c.cfg.checkpoint_dtype,
-                               c.cfg.window, n=len(step.rows))
+                               c.cfg.window, n=len(step.rows), max_draft_tokens=c.cfg.max_draft_tokens)
         for ran, planned in zip(launches[2 * j:2 * j + 2], plan):
             for attr in ("op", "kernel", "constexprs", "num_warps", "grid", "flush_pass"):
                 if getattr(ran, attr) != getattr(planned, attr):
@@ -196,36 +189,31 @@ def test_trtllm_aot_plan(family, mode, monkeypatch):
             a, b = _signature(ran), _signature(planned)
             if list(a) != list(b):
                 problems.append(f"step {j}: argument names {list(a)} != {list(b)}")
-            # plan_for sizes the ring for drafts of this step's T only (see the xfail below):
-            # shapes and values follow the pool's ring only where its capacity is the pool's
-            same_ring = rs.ReplayConfig(window=c.cfg.window, max_draft_tokens=(step.tokens or 1) - 1).capacity \
-                == c.cfg.capacity
-            if same_ring and _arguments(ran) != _arguments(planned):
+            if _arguments(ran) != _arguments(planned):
                 problems.append(f"step {j}: arguments differ in shape or value")
-            compared += same_ring
+            compared += 1
             kinds = {k: (a[k], b[k]) for k in a if k in b and a[k] != b[k]
                      and not (a[k].startswith("*") and b[k].startswith("*"))}
             typo = {k: (a[k], b[k]) for k in a if k in b and a[k] != b[k]} if typed else {}
-            if kinds or (typed and typo != AOT_TYPE_DIFFERENCES[family]):
+            if kinds or typo:
                 problems.append(f"step {j}: argument types {kinds or typo}")
     if not compared:
-        problems.append("no launch had the pool's ring capacity: arguments never compared")
+        problems.append("no launch compared")
     record("trtllm-plan", c, None, problems)
 
 
-@pytest.mark.xfail(strict=True, reason="aot.plan_for sizes the ring as max_draft_tokens = tokens - 1: a T = 1 plan "
-                   "for a pool that also verifies drafts is another specialization (smaller window block BM) than "
-                   "the op launches")
 def test_trtllm_aot_decode_plan_for_a_drafting_pool():
     """Qwen3.5 GDN, window 16, drafts of up to 3 tokens (T_max 4): the pool's ring holds
-    max(15, 4) + 4 = 19 entries, so its decode launches BM = 32; the AOT decode plan has 16. The
-    kernels index BM logical entries (history + tokens), so 16 suffices here, but not when a
-    small window meets many drafts (window 4, 15 drafts: up to 17 entries in a decode)."""
+    max(15, 4) + 4 = 19 entries, so its decode launches BM = 32; the AOT decode plan for that pool
+    must be the same specialization (a plan sized for T = 1 alone would have BM = 16, too small
+    when a small window meets many drafts)."""
     from replayssm.integrations.trtllm import aot
     from replayssm.kernels import ops
-    _, plan = aot.plan_for("qwen3.5", 1, "checkpoint", "float32", 16)
     pool_cfg = rs.ReplayConfig(window=16, max_draft_tokens=3)
-    assert plan[0].constexprs["BM"] == ops._window_block(pool_cfg.capacity)
+    _, plan = aot.plan_for("qwen3.5", 1, "checkpoint", "float32", 16, max_draft_tokens=3)
+    assert plan[0].constexprs["BM"] == ops._window_block(pool_cfg.capacity) == 32
+    with pytest.raises(ValueError, match="max_draft_tokens"):
+        aot.plan_for("qwen3.5", 4, "checkpoint", "float32", 16, max_draft_tokens=2)
 
 
 def test_matrix(capsys):
