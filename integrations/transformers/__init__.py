@@ -1,5 +1,5 @@
 """transformers adapter (targets transformers 5.19): decode transformers' own hybrid models
-(NemotronH, Qwen3-Next, KimiLinear) with their recurrent state in a replayssm StatePool.
+(NemotronH, Qwen3-Next, Qwen3.5, KimiLinear) with their recurrent state in a replayssm StatePool.
 
 ``ReplayCache`` (``replayssm.integrations.transformers.cache``) and the demo behind
 ``python -m replayssm.demo`` (``.demo``). Nothing here imports transformers at import time.

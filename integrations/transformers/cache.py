@@ -42,6 +42,9 @@ FAMILIES = {
     "qwen3_next": Family("gdn", "transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextGatedDeltaNet",
                          "torch_recurrent_gated_delta_rule", "torch_chunk_gated_delta_rule",
                          "initial_state", "initial_state"),
+    "qwen3_5_text": Family("gdn", "transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5GatedDeltaNet",
+                           "torch_recurrent_gated_delta_rule", "torch_chunk_gated_delta_rule",
+                           "initial_state", "initial_state"),
     "kimi_linear": Family("kda", "transformers.models.kimi_linear.modeling_kimi_linear", "KimiLinearDeltaAttention",
                           "recurrent_kimi_delta_attention", "chunk_kimi_delta_attention",
                           "initial_state", "initial_state"),
@@ -57,7 +60,7 @@ def family_of(config) -> Family:
 
 
 def layer_spec(config) -> rs.LayerSpec:
-    """The replayssm LayerSpec of the recurrent layers of ``config`` (NemotronH, Qwen3-Next, KimiLinear)."""
+    """The replayssm LayerSpec of the recurrent layers of ``config`` (NemotronH, Qwen3-Next, Qwen3.5, KimiLinear)."""
     kind = family_of(config).kind
     if kind == "mamba2":
         return rs.LayerSpec.mamba2(num_heads=config.mamba_num_heads, head_dim=config.mamba_head_dim,
@@ -95,7 +98,7 @@ class ReplayCache(DynamicCache):
     no recurrent state is kept or written outside the pool.
 
     Args:
-        model: a NemotronH, Qwen3-Next or KimiLinear model of transformers (any head).
+        model: a NemotronH, Qwen3-Next, Qwen3.5 (text) or KimiLinear model of transformers (any head).
         cfg: the pool's ReplayConfig. With ``max_draft_tokens > 0`` the cache records past
             convolution states so that ``commit`` can drop rejected tokens.
         batch_size: sequences in a batch (one pool slot each).

@@ -1,7 +1,7 @@
 """Decode transformers' own hybrid models with their recurrent state in replayssm.
 
 ``python -m replayssm.demo [--device cpu|cuda] [--steps N]``. For each tiny model (NemotronH:
-Mamba-2, Qwen3-Next: GDN, KimiLinear: KDA; seeded random weights, built in memory) it prefills
+Mamba-2, Qwen3-Next and Qwen3.5: GDN, KimiLinear: KDA; seeded random weights, built in memory) it prefills
 a prompt with the model's own code, then decodes greedily:
 
 - ``hf cache``: transformers' DynamicCache, the model's own recurrence (the reference);

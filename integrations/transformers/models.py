@@ -1,7 +1,7 @@
 """Tiny hybrid models of transformers' own classes: seeded random weights, built in memory.
 
-One per family replayssm serves: NemotronH (Mamba-2 + attention), Qwen3-Next (GDN +
-attention) and KimiLinear (KDA + MLA). Dimensions are small enough for a CPU and keep the
+NemotronH (Mamba-2 + attention), Qwen3-Next and Qwen3.5 (GDN + attention; Qwen3.5's text model)
+and KimiLinear (KDA + MLA). Dimensions are small enough for a CPU and keep the
 state's contraction axis (N or K) a multiple of 16, as the fp8 / nvfp4 read copies need.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-MODELS = ("nemotron_h", "qwen3_next", "kimi_linear")
+MODELS = ("nemotron_h", "qwen3_next", "qwen3_5_text", "kimi_linear")
 
 
 def tiny_config(name: str):
@@ -30,6 +30,10 @@ def tiny_config(name: str):
             **common, num_hidden_layers=4, num_key_value_heads=2, head_dim=16,
             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    if name == "qwen3_5_text":
+        return transformers.Qwen3_5TextConfig(
+            **common, num_hidden_layers=4, num_key_value_heads=2, head_dim=16,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
     if name == "kimi_linear":
         return transformers.KimiLinearConfig(
             **common, num_hidden_layers=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None,
