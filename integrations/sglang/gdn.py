@@ -26,6 +26,24 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
+def _unpack_qkv(spec, mixed_qkv: torch.Tensor, num_v_heads: int, head_v_dim: int, kwargs: dict):
+    """Views ``q, k [n, HK, K]``, ``v [n, HV, V]`` of SGLang's packed ``mixed_qkv [n, 2*HK*K + HV*V]``
+    (GDN and KDA packed decode), after refusing SGLang's own replay buffers in ``kwargs`` and
+    checking ``num_v_heads`` / ``head_v_dim`` against the pool's ``spec``."""
+    for name in ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos", "replayssm_force_flush"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"{name}: SGLang's own replay buffers cannot run beside replayssm")
+    HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
+    if (num_v_heads, head_v_dim) != (HV, V):
+        raise ValueError(f"num_v_heads, head_v_dim: the pool holds {HV} heads of {V}, got {num_v_heads}, {head_v_dim}")
+    width = 2 * HK * K + HV * V
+    if not isinstance(mixed_qkv, torch.Tensor) or mixed_qkv.dim() != 2 or mixed_qkv.shape[1] != width:
+        raise ValueError(f"mixed_qkv: expected [B, {width}] (q | k | v), got {getattr(mixed_qkv, 'shape', None)}")
+    n = mixed_qkv.shape[0]
+    q, k, v = torch.split(mixed_qkv, [HK * K, HK * K, HV * V], dim=-1)
+    return q.view(n, HK, K), k.view(n, HK, K), v.view(n, HV, V)
+
+
 def replay_packed_decode(kernel, mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
                          A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float, ssm_states: torch.Tensor,
                          cache_indices: torch.Tensor, num_v_heads: int, head_v_dim: int, **kwargs) -> torch.Tensor:
@@ -51,24 +69,13 @@ def replay_packed_decode(kernel, mixed_qkv: torch.Tensor, a: torch.Tensor, b: to
     spec = owner.replay.spec
     if spec.family != "gdn":
         raise ValueError(f"ssm_states: a {spec.family} pool reached the GDN kernel")
-    for name in ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos", "replayssm_force_flush"):
-        if kwargs.get(name) is not None:
-            raise ValueError(f"{name}: SGLang's own replay buffers cannot run beside replayssm")
-    HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
-    if (num_v_heads, head_v_dim) != (HV, V):
-        raise ValueError(f"num_v_heads, head_v_dim: the pool holds {HV} heads of {V}, got {num_v_heads}, {head_v_dim}")
-    width = 2 * HK * K + HV * V
-    if not isinstance(mixed_qkv, torch.Tensor) or mixed_qkv.dim() != 2 or mixed_qkv.shape[1] != width:
-        raise ValueError(f"mixed_qkv: expected [B, {width}] (q | k | v), got {getattr(mixed_qkv, 'shape', None)}")
-    n = mixed_qkv.shape[0]
-    q, k, v = torch.split(mixed_qkv, [HK * K, HK * K, HV * V], dim=-1)
+    q, k, v = _unpack_qkv(spec, mixed_qkv, num_v_heads, head_v_dim, kwargs)
     slots = replay_pool._slots(owner.replay, cache_indices)
     g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float(), threshold=20.0)
     beta = torch.sigmoid(b.float()).to(b.dtype).float()
-    out = torch.empty(n, HV, V, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    out = torch.empty(v.shape, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
     replayssm.decode(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=_l2norm(q.view(n, HK, K)),
-                     k=_l2norm(k.view(n, HK, K)).to(owner.replay.cfg.torch_ring_dtype), v=v.view(n, HV, V),
+                     q=_l2norm(q), k=_l2norm(k).to(owner.replay.cfg.torch_ring_dtype), v=v,
                      g=g, beta=beta, scale=scale)
     return out.unsqueeze(0)
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import replayssm
 
 from . import pool as replay_pool
-from .gdn import _l2norm
+from .gdn import _l2norm, _unpack_qkv
 
 
 def _owner(ssm_states: torch.Tensor):
@@ -85,20 +85,8 @@ def replay_packed_decode(kernel, mixed_qkv: torch.Tensor, a: torch.Tensor, b: to
         A fresh ``[1, B, HV, V]`` tensor in mixed_qkv's dtype.
     """
     owner, _ = _owner(ssm_states)
-    for name in ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos", "replayssm_force_flush"):
-        if kwargs.get(name) is not None:
-            raise ValueError(f"{name}: SGLang's own replay buffers cannot run beside replayssm")
-    spec = owner.replay.spec
-    HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
-    if (num_v_heads, head_v_dim) != (HV, V):
-        raise ValueError(f"num_v_heads, head_v_dim: the pool holds {HV} heads of {V}, got {num_v_heads}, {head_v_dim}")
-    width = 2 * HK * K + HV * V
-    if not isinstance(mixed_qkv, torch.Tensor) or mixed_qkv.dim() != 2 or mixed_qkv.shape[1] != width:
-        raise ValueError(f"mixed_qkv: expected [B, {width}] (q | k | v), got {getattr(mixed_qkv, 'shape', None)}")
-    n = mixed_qkv.shape[0]
-    q, k, v = torch.split(mixed_qkv, [HK * K, HK * K, HV * V], dim=-1)
-    return _step(ssm_states, q.view(n, HK, K), k.view(n, HK, K), v.view(n, HV, V), a, b, A_log, dt_bias,
-                 lower_bound, scale, cache_indices)
+    q, k, v = _unpack_qkv(owner.replay.spec, mixed_qkv, num_v_heads, head_v_dim, kwargs)
+    return _step(ssm_states, q, k, v, a, b, A_log, dt_bias, lower_bound, scale, cache_indices)
 
 
 def replay_decode(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
