@@ -15,7 +15,7 @@ def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bo
     if checked:
         host = pool._slots(slots)
     else:
-        _require_unchecked(pool)
+        pool._require_unchecked()
         check_slot_tensor(slots, pool.device)
         host = None
     n = slots.numel()
@@ -47,12 +47,6 @@ def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bo
     if checked and T is not None:
         pool.pending[layer, host[keep]] = T
     return out
-
-
-def _require_unchecked(pool: StatePool) -> None:
-    if pool.backend != "triton":
-        raise ValueError(f"checked: False needs the triton backend (the {pool.backend!r} backend indexes rows "
-                         "on the host)")
 
 
 def decode(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tensor | None = None,

@@ -201,15 +201,13 @@ class StatePool:
                 (``replayssm.decode``); ``num_accepted`` must then be on the pool's device.
         """
         if not checked:
-            if self.backend != "triton":
-                raise ValueError(f"checked: False needs the triton backend, this pool's is {self.backend!r}")
+            self._require_unchecked()
             check_slot_tensor(slots, self.device)
             if not isinstance(num_accepted, torch.Tensor) or num_accepted.dtype.is_floating_point \
                     or num_accepted.dtype == torch.bool or tuple(num_accepted.shape) != (slots.numel(),) \
                     or num_accepted.device != self.device:
                 raise ValueError(f"num_accepted: expected an int tensor of shape [{slots.numel()}] on {self.device}")
-            acc = torch.where(slots >= 0, num_accepted.to(torch.int64), 0)
-            self._backend().commit(self.cursors, slots, acc)
+            self._backend().commit(self.cursors, slots, num_accepted)    # the kernel skips padded rows
             return
         host = self._slots(slots)
         if not isinstance(num_accepted, torch.Tensor) or num_accepted.dtype.is_floating_point \
@@ -230,6 +228,12 @@ class StatePool:
         acc = torch.where(keep, acc, torch.zeros_like(acc))
         self._backend().commit(self.cursors, slots, acc.to(self.device))
         self.pending[:, host[keep]] = 0
+
+    def _require_unchecked(self) -> None:
+        """``checked=False`` steps index rows on the device only: the Triton backend."""
+        if self.backend != "triton":
+            raise ValueError(f"checked: False needs the triton backend (the {self.backend!r} backend indexes rows "
+                             "on the host)")
 
     def _layer(self, layer) -> None:
         if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < self.num_layers:
