@@ -1,5 +1,5 @@
 """Kernels run in Triton's interpreter on machines without a GPU (set before triton is imported);
-SGLang's process-wide server arguments for the SGLang adapter tests."""
+SGLang's process-wide server arguments and the replay hooks for the SGLang adapter tests."""
 
 import json
 import os
@@ -39,3 +39,14 @@ def server_args(tmp_path_factory):
             os.environ["HF_HUB_OFFLINE"] = offline
     set_global_server_args_for_scheduler(args)
     return args
+
+
+@pytest.fixture
+def replay_on():
+    """replayssm's SGLang hooks installed with a small window (flushes every 4 tokens) and an fp8 read copy."""
+    import replayssm as rs
+    from replayssm.integrations.sglang import hooks
+    cfg = rs.ReplayConfig(window=4, read_format="fp8", ring_dtype="float32")
+    hooks.install(cfg)
+    yield cfg
+    hooks.uninstall()

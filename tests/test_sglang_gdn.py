@@ -34,14 +34,6 @@ def _req_pool(draft_tokens=None):
                                 enable_mamba_extra_buffer=False, speculative_num_draft_tokens=draft_tokens)
 
 
-@pytest.fixture
-def replay_on():
-    cfg = rs.ReplayConfig(window=4, read_format="fp8", ring_dtype="float32")
-    hooks.install(cfg)
-    yield cfg
-    hooks.uninstall()
-
-
 def _gating(mixed, a, b, A_log, dt_bias):
     """The per-token inputs SGLang's packed GDN kernel forms, in fp64: q, k, v, g, beta."""
     n = mixed.shape[0]

@@ -10,18 +10,8 @@ import torch
 
 pytest.importorskip("sglang")
 
-import replayssm as rs  # noqa: E402
 from helpers import TOL, rms_ratio  # noqa: E402
-from replayssm.integrations.sglang import hooks  # noqa: E402
 from test_sglang_replay import LAYERS, Run, _req_pool  # noqa: E402
-
-
-@pytest.fixture
-def replay_on():
-    cfg = rs.ReplayConfig(window=4, read_format="fp8", ring_dtype="float32")
-    hooks.install(cfg)
-    yield cfg
-    hooks.uninstall()
 
 
 def _radix_cache(req_pool):

@@ -36,15 +36,6 @@ def _req_pool(draft_tokens=None, dtype=torch.float32):
                                 enable_mamba_extra_buffer=False, speculative_num_draft_tokens=draft_tokens)
 
 
-@pytest.fixture
-def replay_on():
-    """The hooks installed with a small window (flushes every 4 tokens) and an fp8 read copy."""
-    cfg = rs.ReplayConfig(window=4, read_format="fp8", ring_dtype="float32")
-    hooks.install(cfg)
-    yield cfg
-    hooks.uninstall()
-
-
 def _sglang_args(inp: dict, slots: torch.Tensor, out: torch.Tensor, verify_T=None):
     """``selective_state_update`` arguments exactly as MambaMixer2.forward builds them from per-head values."""
     A_d = inp["A"][:, None, ...][:, :, None].expand(-1, P, N).to(dtype=torch.float32)
