@@ -167,10 +167,10 @@ class Model:
             z, xbc, dt = u.split((self.inner, self.conv_ch, H), -1)
             xbc = self._conv(layer, xbc)
             xs, B, C = xbc.split((self.inner, G * N, G * N), -1)
-            inp = dict(x=xs.reshape(n, H, P), dt=dt.float(), A=layer["A"], B=B.reshape(n, G, N).contiguous(),
-                       C=C.reshape(n, G, N).contiguous(), D=layer["D"], dt_bias=layer["dt_bias"],
-                       z=z.reshape(n, H, P).contiguous())
-            inp["x"] = inp["x"].contiguous()
+            # the projection's slices are strided views; the ops take a dense last axis
+            inp = dict(x=xs.reshape(n, H, P).contiguous(), dt=dt.float(), A=layer["A"],
+                       B=B.reshape(n, G, N).contiguous(), C=C.reshape(n, G, N).contiguous(), D=layer["D"],
+                       dt_bias=layer["dt_bias"], z=z.reshape(n, H, P).contiguous())
             y = self._ssm(i, inp)                                    # y * silu(z), [n, H, P]
         else:
             HK, HV, K, V = s.num_k_heads, s.num_v_heads, s.head_k_dim, s.head_v_dim

@@ -84,8 +84,10 @@ def sweep(name, batch, kinds):
             except Exception as e:  # a candidate that does not compile is reported, not fatal
                 print(" " * 9 + f"failed: {e!r}  {tile}", flush=True)
             torch.cuda.empty_cache()
-        table.pop(kind)
-        table.update({k: v for k, v in saved.items() if k == kind})
+        if kind in saved:
+            table[kind] = saved[kind]
+        else:                                  # a KDA kind that falls back to delta's entry
+            del table[kind]
 
 
 def main():
