@@ -36,20 +36,20 @@ _compiled: set = set()
 # benchmarks/sweep_tiles.py on an H200 at real dims (N = K = 128); "kda" entries override "delta".
 # rows: P (Mamba-2) or V (delta) per program; decode streams the state (or fp8 read copy) in
 # `chunk`-column pieces through a `stages`-deep pipeline (`read`: the same for NVFP4); flush is the decode flush pass
-# (delta `stages`: its replay loop's pipeline depth); verify streams the state once for T > 1
-# tokens (chunk raised to 16 words for tl.dot; smaller states pad with zero words; `dot`: the
-# products' precision); verify_flush is its flush pass.
+# (Mamba-2: streamed in `chunk`-column pieces like decode; delta `stages`: its replay loop's pipeline
+# depth; GDN's WY fold: `dot` precision); verify streams the state once for T > 1 tokens (chunk raised to 16 words for tl.dot;
+# smaller states pad with zero words; `dot`: the products' precision); verify_flush is its flush pass.
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3),
                "read": dict(rows=64, num_warps=2, chunk=64, stages=2),
-               "flush": dict(rows=32, num_warps=4),
+               "flush": dict(rows=32, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
                "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-               "verify_flush": dict(rows=16, num_warps=8)},
+               "verify_flush": dict(rows=32, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
     "delta": {"decode": dict(rows=64, num_warps=1, chunk=32, stages=3),
               "read": dict(rows=64, num_warps=1, chunk=32, stages=3),
-              "flush": dict(rows=32, num_warps=2, stages=2),
+              "flush": dict(rows=32, num_warps=2, stages=2, dot="tf32x3"),
               "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-              "verify_flush": dict(rows=32, num_warps=8, stages=2)},
+              "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3")},
     "kda": {"read": dict(rows=128, num_warps=2, chunk=64, stages=2),
             "verify": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }
@@ -65,21 +65,27 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
 
     ``kernels``: (decode, verify, flush) Triton functions of the family."""
     tiles = {**TILES["delta"], **TILES["kda"]} if family == "kda" else TILES[family]
+    tt = max(16, triton.next_power_of_2(T)) if T > 1 else 1
+    flush = tiles["verify_flush" if T > 1 else "flush"]
+    if family == "mamba2":
+        flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
+    else:
+        flush = dict(flush, LOG_BM=const["BM"].bit_length() - 1)
     if T > 1:
         pw = _PER_WORD_VERIFY[const["READ_FMT"]]
         ver = tiles["verify"]
         nc = min(cols, max(ver["chunk"], 16 * pw))
-        stream = dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=max(16, triton.next_power_of_2(T)))
-        plan = [(kernels[1], stream), (kernels[2], tiles["verify_flush"])]
+        stream = dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=tt)
+        plan = [(kernels[1], stream), (kernels[2], flush)]
     else:
         pw = _PER_WORD[const["READ_FMT"]]
         dec = tiles["decode" if pw == 1 else "read"]
-        plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw)), (kernels[2], tiles["flush"])]
+        plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw)), (kernels[2], flush)]
     out = []
     for (kernel, tile), flush_pass in zip(plan, (False, True)):
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
-                                         ("STAGES", "stages"), ("DOT", "dot")) if t in tile}
+                                         ("STAGES", "stages"), ("DOT", "dot"), ("LOG_BM", "LOG_BM")) if t in tile}
         out.append((kernel, block, {**const, **extra}, tile["num_warps"], flush_pass))
     return out
 
@@ -125,6 +131,11 @@ def _require(name: str, t: torch.Tensor, shape, dtype=None, contiguous: bool = F
         raise ValueError(f"{name}: expected a contiguous last dimension, got strides {t.stride()}")
 
 
+def _require_committed(committed: bool, T: int) -> None:
+    if committed and T != 1:
+        raise ValueError(f"committed: a committed (decode) step takes one token per row, got T={T}")
+
+
 def _log_first(key) -> None:
     if key not in _compiled:
         _compiled.add(key)
@@ -161,6 +172,7 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
     """Validated launches of one Mamba-2 step (non-flush pass, flush pass); see ``mamba2_step``."""
     S, H, P, N = checkpoint.shape
     n, T = x.shape[:2]
+    _require_committed(committed, T)
     G, C_cap = ring_B.shape[1], ring_B.shape[2]
     _require("ring_x", ring_x, (S, H, C_cap, P), contiguous=True)
     _require("ring_dt", ring_dt, (S, H, C_cap), torch.float32, contiguous=True)
@@ -241,6 +253,7 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     """Validated launches of one GDN / KDA step (non-flush pass, flush pass); see ``delta_step``."""
     S, HV, K, V = checkpoint.shape
     n, T = v.shape[:2]
+    _require_committed(committed, T)
     HK, C_cap = ring_k.shape[1], ring_k.shape[2]
     per_channel = g.dim() == 4
     _require("ring_k", ring_k, (S, HK, C_cap, K), contiguous=True)

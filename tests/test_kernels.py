@@ -84,6 +84,14 @@ class Twin:
                 assert torch.equal(ref.ring[name], tri.ring[name]), f"ring {name} differs"
         for name in ref.cursors:
             assert torch.equal(ref.cursors[name], tri.cursors[name]), f"cursor {name} differs"
+        if tri.read:
+            # the read copy is always the encoding of the stored checkpoint, byte for byte
+            ck = tri.checkpoint[:, self.slots["triton"]].float()
+            if self.spec.is_delta:
+                ck = ck.transpose(-1, -2)
+            for name, want in zip(("codes", "block_scale", "row_scale"), rs.formats.quantize(ck, self.cfg.read_format)):
+                got = tri.read[name][:, self.slots["triton"]]
+                assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"read copy {name} differs"
 
 
 def _pair_tol(cfg):

@@ -109,13 +109,19 @@ def e2m1_decode(code):
 
 
 @triton.jit
+def row_scale_of(amax_r, EMAX: tl.constexpr):
+    """fp32 row scale of read-copy rows whose absolute maxima are ``amax_r``."""
+    return amax_r / (EMAX * 448.0)
+
+
+@triton.jit
 def quantize_rows(x, amax_r, FMT: tl.constexpr, EMAX: tl.constexpr, R: tl.constexpr, COLS: tl.constexpr):
     """Encode ``x [R, COLS]`` fp32 rows whose absolute maxima are ``amax_r [R]``; EMAX: 448 for
     fp8, 6 for nvfp4. Returns ``(codes [R, COLS] or [R, COLS/2] bytes, block_scale
     bytes [R, COLS/16], row_scale fp32 [R])``."""
     xb = tl.reshape(x, (R, COLS // 16, 16))
     amax_b = tl.max(tl.abs(xb), axis=2)
-    row_scale = amax_r / (EMAX * 448.0)
+    row_scale = row_scale_of(amax_r, EMAX)
     safe_row = tl.where(row_scale > 0, row_scale, 1.0)
     block_scale = e4m3_encode(tl.minimum(amax_b / (EMAX * safe_row[:, None]), 448.0)).to(tl.uint8)
     denom = e4m3_decode(block_scale) * row_scale[:, None]
@@ -214,17 +220,33 @@ def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.conste
                     R: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr):
     """Encode whole rows ``x [R, COLS]`` fp32 and store them as rows ``rows`` of a (slot, head) read
     copy; pointers as in :func:`load_read_copy` with ``CODE_STRIDE = CW``, ``BS_STRIDE = COLS / 16``."""
-    codes, bs, rs = quantize_rows(x, tl.max(tl.abs(x), axis=1), FMT, EMAX, R, COLS)
+    amax = tl.max(tl.abs(x), axis=1)
+    store_read_rows_scale(rs_ptr, amax, rows, row_mask, EMAX)
+    store_read_chunk(codes_ptr, bs_ptr, x, amax, rows, row_mask, 0, FMT, EMAX, R, COLS, COLS, CW)
+
+
+@triton.jit
+def store_read_rows_scale(rs_ptr, amax_r, rows, row_mask, EMAX: tl.constexpr):
+    """Store the row scales of read-copy rows ``rows`` whose absolute maxima are ``amax_r``."""
+    tl.store(rs_ptr + rows, row_scale_of(amax_r, EMAX), mask=row_mask)
+
+
+@triton.jit
+def store_read_chunk(codes_ptr, bs_ptr, x, amax_r, rows, row_mask, c, FMT: tl.constexpr, EMAX: tl.constexpr,
+                     R: tl.constexpr, NC: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr):
+    """Encode columns ``[c NC, (c + 1) NC)`` of rows ``rows`` (``x [R, NC]`` fp32; whole-row maxima
+    ``amax_r [R]``) and store their codes and block scales; the same bytes as encoding whole rows
+    (``NC`` a multiple of 16). Row scales: :func:`store_read_rows_scale`."""
+    codes, bs, _ = quantize_rows(x, amax_r, FMT, EMAX, R, NC)
     if FMT == READ_FP8:
-        oc = tl.arange(0, COLS)
+        oc = c * NC + tl.arange(0, NC)
     else:
-        oc = tl.arange(0, COLS // 2)
+        oc = c * (NC // 2) + tl.arange(0, NC // 2)
     tl.store(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * CW + oc[None, :], codes,
              mask=row_mask[:, None])
-    ob = tl.arange(0, COLS // 16)
+    ob = c * (NC // 16) + tl.arange(0, NC // 16)
     tl.store(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * (COLS // 16) + ob[None, :], bs,
              mask=row_mask[:, None])
-    tl.store(rs_ptr + rows, rs, mask=row_mask)
 
 
 @triton.jit

@@ -3,9 +3,9 @@
 A step is two launches, one program per (P-tile, head, row) each, every launch handling only
 its rows: the non-flush pass (``_mamba2_decode_kernel`` for T = 1, ``_mamba2_verify_kernel``
 for T > 1) streams the checkpoint or its read copy once and writes outputs and ring entries
-only; the flush pass (``_mamba2_flush_kernel``) holds the checkpoint tile in registers, folds
-the window into it in one fp32 product ``e^{lam_last} S0 + (s * x)^T B`` (``tl.dot`` in IEEE
-fp32), re-derives the read copy and evaluates the step's outputs. Cursors are only read.
+only; the flush pass (``_mamba2_flush_kernel``) streams the checkpoint in chunks, folds the
+window into each chunk (``e^{lam_F} S0 + (s * x)^T B``, one ``tl.dot``), stores it, evaluates the
+step's outputs from it and re-derives the read copy. Cursors are only read.
 Derivation: README.md beside this file; reference: reference.py.
 """
 
@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, load_read_words,
-                                              round_checkpoint, store_read_copy, word_values)
+                                              round_checkpoint, store_read_chunk, store_read_rows_scale,
+                                              word_values)
 from replayssm.kernels.ring.triton import row_route
 
 
@@ -43,8 +44,17 @@ def _mamba2_flush_kernel(
     BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
+    NC: tl.constexpr, STAGES: tl.constexpr, TT: tl.constexpr, DOT: tl.constexpr,
 ):
-    """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass."""
+    """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
+
+    The checkpoint is streamed in ``NC``-column chunks (``STAGES``-deep pipeline) with the window's
+    B columns: each chunk of ``S_F = e^{lam_F} S0 + (s ⊙ X)ᵀ B`` (F = last folded entry, one
+    ``tl.dot`` at precision ``DOT``) is stored at once and read by the tokens' ``C`` (decode: the
+    token is entry F, so ``y = S_F C + D x``; verify: ``y_t = e^{lam_t - lam_F} S_F C_t +`` the
+    tokens after F, as the verify kernel). The read copy is re-derived from the stored chunks in a
+    second pass once the row maxima are known. ``TT``: T padded to 16 (verify only)."""
+    tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
@@ -52,67 +62,98 @@ def _mamba2_flush_kernel(
     if valid & is_flush:
         origin = tl.load(origin_ptr + sl)
         g = h // (H // G)
-        on = tl.arange(0, N)
-        ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
         head = (sl * H + h) * P
         e = tl.arange(0, BM)                                   # window entry
         hist = e < count
         new = (e >= count) & (e < count + T)
-        tok = e - count                                        # token index of new entries
+        tok = tl.maximum(e - count, 0)                         # token index of new entries
         pos = (origin + e) % capacity                          # ring entry of window entry e
-        S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                        # [BP, N]
-
-        # per-head window scalars: dt' = softplus(dt + dt_bias), lam = cumsum(A dt')
+        rB = ring_B + ((sl * G + g) * capacity) * N
+        rx = ring_x + ((sl * H + h) * capacity) * P
         rdt = ring_dt + (sl * H + h) * capacity
+        append_B = (pid_p == 0) & (h % (H // G) == 0)
+
+        # per-head window scalars: dt' = softplus(dt + dt_bias), lam = cumsum(A dt'), fold weights s
         dt_new = tl.load(dt + i * dt_r + tok * dt_t + h, mask=new, other=0.0).to(tl.float32)
         if HAS_DT_BIAS:
             dt_new += tl.load(dt_bias + h)
-        dt_w = tl.load(rdt + pos, mask=hist, other=0.0) + tl.where(new, dt_new, 0.0)
+        dt_w = tl.where(hist, tl.load(rdt + pos, mask=hist, other=0.0), tl.where(new, dt_new, 0.0))
         dtp = tl.where(hist | new, _softplus(dt_w), 0.0)
         lam = tl.cumsum(tl.load(A + h) * dtp, axis=0)          # [BM]
-        rB = ring_B + ((sl * G + g) * capacity) * N
-        rx = ring_x + ((sl * H + h) * capacity) * P
-        B_w = (tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0)
-               + tl.load(B + i * b_r + tok[:, None] * b_t + g * b_g + on[None, :], mask=new[:, None], other=0.0))
+        n_fold = count + T if COMMITTED else count
+        lam_F = tl.sum(tl.where(e == n_fold - 1, lam, 0.0), axis=0)      # 0 when nothing folds
+        s = tl.where(e < n_fold, tl.exp(tl.minimum(lam_F - lam, 0.0)) * dtp, 0.0)
         x_w = (tl.load(rx + pos[:, None] * P + op[None, :], mask=hist[:, None] & pmask[None, :], other=0.0)
                + tl.load(x + i * x_r + tok[:, None] * x_t + h * x_h + op[None, :],
                          mask=new[:, None] & pmask[None, :], other=0.0))                        # [BM, BP]
-        Bf = B_w.to(tl.float32)
-        xf = x_w.to(tl.float32)
-
-        # y_j = exp(lam_j) S0 C_j + sum_{r<=j} exp(lam_j - lam_r) dt'_r (B_r . C_j) x_r + D x_j
-        for t in tl.static_range(T):
-            jt = count + t
-            c_t = tl.load(C + i * cc_r + t * cc_t + g * cc_g + on).to(tl.float32)                 # [N]
-            lam_j = tl.sum(tl.where(e == jt, lam, 0.0), axis=0)
-            w = tl.where(e <= jt, tl.exp(tl.minimum(lam_j - lam, 0.0)) * dtp * tl.sum(Bf * c_t[None, :], 1), 0.0)
-            y = tl.exp(lam_j) * tl.sum(S0 * c_t[None, :], axis=1) + tl.sum(xf * w[:, None], axis=0)   # [BP]
-            if HAS_D:
-                y += tl.load(D + h) * tl.sum(tl.where((e == jt)[:, None], xf, 0.0), axis=0)
-            if HAS_Z:
-                zz = tl.load(z + i * z_r + t * z_t + h * z_h + op, mask=pmask, other=0.0).to(tl.float32)
-                y = y * zz * tl.sigmoid(zz)
-            tl.store(out + i * o_r + t * o_t + h * o_h + op, y.to(out.dtype.element_ty), mask=pmask)
-
-        # fold (decode: history and token; verify: history): S0 e^{lam_last} + (s * x)^T B
-        n_fold = count + T if COMMITTED else count
-        lam_e = tl.sum(tl.where(e == n_fold - 1, lam, 0.0), axis=0)
-        s = tl.where(e < n_fold, tl.exp(tl.minimum(lam_e - lam, 0.0)) * dtp, 0.0)
-        S_new = tl.dot(tl.trans(xf * s[:, None]), Bf, acc=tl.exp(lam_e) * S0, input_precision="ieee")
+        xs = tl.trans(x_w.to(tl.float32) * s[:, None])                                          # [BP, BM]
+        decay = tl.exp(lam_F)
         ep = tl.load(epoch_ptr + sl)
-        index = h * (P * N) + op[:, None] * N + on[None, :]
-        stored = round_checkpoint(S_new, index, sr_base, ep, CKPT_FMT)
-        tl.store(ck, stored, mask=pmask[:, None])
+
+        tt = tl.arange(0, TT)
+        tmask = tt < T
+        yc = tl.zeros([BP], dtype=tl.float32)                  # decode: S_F C
+        sc = tl.zeros([BP, TT], dtype=tl.float32)              # verify: S_F C_t
+        bc = tl.zeros([BM, TT], dtype=tl.float32)              # verify: B_e . C_t
+        amax = tl.zeros([BP], dtype=tl.float32)
+        jn = tl.arange(0, NC)
+        for c in tl.range(0, N // NC, num_stages=STAGES):
+            on = c * NC + jn
+            ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
+            S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                    # [BP, NC]
+            B_w = (tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0)
+                   + tl.load(B + i * b_r + tok[:, None] * b_t + g * b_g + on[None, :], mask=new[:, None],
+                             other=0.0))                                                        # [BM, NC]
+            Bf = B_w.to(tl.float32)
+            S_F = tl.dot(xs, Bf, acc=decay * S0, input_precision=DOT)
+            stored = round_checkpoint(S_F, h * (P * N) + op[:, None] * N + on[None, :], sr_base, ep, CKPT_FMT)
+            tl.store(ck, stored, mask=pmask[:, None])
+            if READ_FMT != READ_CHECKPOINT:
+                amax = tl.maximum(amax, tl.max(tl.abs(stored.to(tl.float32)), axis=1))
+            if COMMITTED:
+                yc += tl.sum(S_F * tl.load(C + i * cc_r + g * cc_g + on).to(tl.float32)[None, :], axis=1)
+            else:
+                Ct = tl.load(C + i * cc_r + tt[None, :] * cc_t + g * cc_g + on[:, None], mask=tmask[None, :],
+                             other=0.0).to(tl.float32)                                          # [NC, TT]
+                sc += tl.dot(S_F, Ct, input_precision=DOT)
+                bc += tl.dot(Bf, Ct, input_precision=DOT)
+            tl.store(rB + pos[:, None] * N + on[None, :], B_w, mask=new[:, None] & append_B)
         if READ_FMT != READ_CHECKPOINT:
-            store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (N // 16), rc_rs + head,
-                            stored.to(tl.float32), op, pmask, READ_FMT, RC_EMAX, BP, N, RC_CW)
+            # every thread's chunk stores are visible to the whole program after the barrier
+            tl.debug_barrier()
+            store_read_rows_scale(rc_rs + head, amax, op, pmask, RC_EMAX)
+            for c in tl.range(0, N // NC, num_stages=STAGES):
+                on = c * NC + jn
+                stored = tl.load(ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n,
+                                 mask=pmask[:, None], other=0.0).to(tl.float32)
+                store_read_chunk(rc_codes + head * RC_CW, rc_bs + head * (N // 16), stored, amax, op, pmask, c,
+                                 READ_FMT, RC_EMAX, BP, NC, N, RC_CW)
+
+        tok_mask = pmask[:, None] & tmask[None, :]
+        x_tok = tl.load(x + i * x_r + tt[None, :] * x_t + h * x_h + op[:, None], mask=tok_mask,
+                        other=0.0).to(tl.float32)                                               # [BP, TT]
+        if COMMITTED:
+            y = tl.where(tt[None, :] == 0, yc[:, None], 0.0)
+        else:
+            # y_t = e^{lam_t - lam_F} S_F C_t + sum_{F < r <= t} e^{lam_t - lam_r} dt'_r (B_r . C_t) x_r
+            jt = count + tt
+            lam_t = tl.sum(tl.where(e[:, None] == jt[None, :], lam[:, None], 0.0), axis=0)     # [TT]
+            W = tl.where((e[:, None] >= n_fold) & (e[:, None] <= jt[None, :]),
+                         tl.exp(tl.minimum(lam_t[None, :] - lam[:, None], 0.0)) * dtp[:, None] * bc, 0.0)
+            y = (tl.exp(tl.minimum(lam_t - lam_F, 0.0))[None, :] * sc
+                 + tl.dot(tl.trans(x_w.to(tl.float32)), W, input_precision=DOT))               # [BP, TT]
+        if HAS_D:
+            y += tl.load(D + h) * x_tok
+        if HAS_Z:
+            zz = tl.load(z + i * z_r + tt[None, :] * z_t + h * z_h + op[:, None], mask=tok_mask,
+                         other=0.0).to(tl.float32)
+            y = y * zz * tl.sigmoid(zz)
+        tl.store(out + i * o_r + tt[None, :] * o_t + h * o_h + op[:, None], y.to(out.dtype.element_ty),
+                 mask=tok_mask)
 
         # append this step's tokens at ring entries (origin + count + t) % C
         tl.store(rx + pos[:, None] * P + op[None, :], x_w, mask=new[:, None] & pmask[None, :])
-        if pid_p == 0:
-            tl.store(rdt + pos, dt_w, mask=new)
-            if h % (H // G) == 0:
-                tl.store(rB + pos[:, None] * N + on[None, :], B_w, mask=new[:, None])
+        tl.store(rdt + pos, dt_w, mask=new & (pid_p == 0))
 
 
 @triton.jit
