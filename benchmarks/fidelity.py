@@ -104,13 +104,13 @@ def run_family(spec, steps, n, segment, seed=0, device="cpu"):
             ys[f"shared {f}"] = y
             shared[f] = store_shared(spec, s, f, sr_gen)
         for name, (pool, slots) in pools.items():
-            ys[name] = rs.decode(pool, 0, slots, **inp)
-        logp_true = torch.log_softmax(y_true.reshape(n, -1) @ head.T, -1)
-        for j, r in enumerate(runs):
-            yd = ys[r].double()
-            logp = torch.log_softmax(yd.reshape(n, -1) @ head.T, -1)
-            acc[j] += torch.stack(((yd - y_true).pow(2).sum(), y_true.pow(2).sum(),
-                                   (logp_true.exp() * (logp_true - logp)).sum(-1).mean()))
+            ys[name] = rs.decode(pool, 0, slots, checked=pool.backend != "triton", **inp)
+        yd = torch.stack([ys[r].reshape(n, -1) for r in runs]).double()                  # [runs, n, out]
+        yt = y_true.reshape(n, -1)
+        logp_true = torch.log_softmax(yt @ head.T, -1)
+        logp = torch.log_softmax(yd @ head.T, -1)
+        acc += torch.stack(((yd - yt).pow(2).sum((1, 2)), yt.pow(2).sum().expand(len(runs)),
+                            (logp_true.exp() * (logp_true - logp)).sum(-1).mean(-1)), 1)
         if (t + 1) % segment == 0:
             for r, (err, ref, kl) in zip(runs, acc.tolist()):
                 curves[r].append(dict(step=t + 1, rel_err=math.sqrt(err / ref), kl=kl / segment))
@@ -156,11 +156,20 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None)
     ap.add_argument("--png", default=None)
+    ap.add_argument("--merge", nargs="+", default=None,
+                    help="instead of running: merge the --json files of runs (e.g. one per family, run in parallel)")
     args = ap.parse_args()
     results = {}
-    for fam in args.families.split(","):
-        results[fam] = run_family(SPECS[fam], args.steps, args.batch, args.segment, device=args.device)
-        print(f"{fam} done", flush=True)
+    if args.merge:
+        for path in args.merge:
+            with open(path) as f:
+                run = json.load(f)
+            args.steps, args.batch, args.segment = run["steps"], run["batch"], run["segment"]
+            results.update(run["results"])
+    else:
+        for fam in args.families.split(","):
+            results[fam] = run_family(SPECS[fam], args.steps, args.batch, args.segment, device=args.device)
+            print(f"{fam} done", flush=True)
     print(table(results))
     if args.json:
         with open(args.json, "w") as f:

@@ -8,8 +8,9 @@ candidate (the candidates must agree):
 - decode: the non-flush step (w = 7), fp32 checkpoint and fp8 read copy;
 - read: the same with an NVFP4 read copy;
 - verify: a T = 8 verify without flush (w = 16 - 1 - 8), ring sized for 8 tokens;
-- flush: the flush step.
-Decode, read and flush size the ring for decode only (no draft tokens), as bench_decode does.
+- flush: the flush step (fp32 checkpoint, NVFP4 read copy, and with the ring sized for 8 tokens).
+Decode, read and flush size the ring for decode only (no draft tokens), as bench_decode does,
+except the flush's spec-ring column.
 The chosen entries go into ``ops.TILES`` by hand.
 """
 
@@ -36,7 +37,10 @@ CANDIDATES = {
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=64, num_warps=4, chunk=64, stages=2, dot="tf32x3"),
                    dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
-        "flush": [dict(rows=32, num_warps=4), dict(rows=16, num_warps=2)],
+        "flush": [dict(rows=32, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
+                  dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
+                  dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3"),
+                  dict(rows=64, num_warps=8, chunk=64, stages=2, dot="tf32x3")],
     },
     "delta": {
         "decode": [dict(rows=64, num_warps=1, chunk=32, stages=3), dict(rows=64, num_warps=2, chunk=32, stages=3)],
@@ -46,16 +50,21 @@ CANDIDATES = {
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=128, num_warps=8, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
-        "flush": [dict(rows=32, num_warps=2, stages=2), dict(rows=32, num_warps=4, stages=2)],
+        "flush": [dict(rows=32, num_warps=2, stages=2, dot="tf32x3"), dict(rows=32, num_warps=4, stages=2, dot="tf32x3"),
+                  dict(rows=16, num_warps=2, stages=2, dot="tf32x3"), dict(rows=64, num_warps=4, stages=2, dot="tf32x3")],
     },
 }
-# kind -> (read formats, tokens, fill)
+# kind -> (read formats, tokens, fill); the flush is also timed with the ring sized for 8 tokens
 SETUPS = {"decode": (["checkpoint", "fp8"], 1, 7), "read": (["nvfp4"], 1, 7),
-          "verify": (["checkpoint", "nvfp4"], VERIFY_T, WINDOW - 1 - VERIFY_T), "flush": (["checkpoint"], 1, WINDOW - 1)}
+          "verify": (["checkpoint", "nvfp4"], VERIFY_T, WINDOW - 1 - VERIFY_T),
+          "flush": (["checkpoint", "nvfp4", "checkpoint spec-ring"], 1, WINDOW - 1)}
 
 
 def _time(spec, batch, read_format, T, fill):
-    layer = Layer(spec, batch, read_format=read_format, max_draft_tokens=VERIFY_T - 1 if T > 1 else 0)
+    spec_ring = read_format.endswith(" spec-ring")
+    read_format = read_format.split()[0]
+    layer = Layer(spec, batch, read_format=read_format,
+                  max_draft_tokens=VERIFY_T - 1 if T > 1 or spec_ring else 0)
     fn, out = layer.step_fn(layer.inputs(T), committed=T == 1)
     layer.set_fill(fill)
     t = timed(fn)

@@ -3,6 +3,8 @@
 - ``aot``: PTX + launch manifest of the shared kernels (the launches ``kernels/ops.py`` performs).
 - ``plugin_desc``: TensorRT plugin descriptors as plain data (inputs, outputs, aliasing, launch).
 - ``plugins``: ``tensorrt.plugin`` registrations (AOT) and ``add_step`` for a network; needs TensorRT.
+- ``ptx_launch``: the plugin layers' PTX loaded and launched through the CUDA driver in TensorRT's
+  parameter order (a manifest directory or built in-process; launching needs cuda-python and a GPU).
 - ``cache``: ``ReplayMambaStates``, replay bookkeeping over TRT-LLM's own SSM state tensor, and
   ``cache_manager_class`` (TRT-LLM's ``PythonMambaCacheManager`` with it; needs TensorRT-LLM).
 

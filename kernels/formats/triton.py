@@ -30,7 +30,7 @@ def mix32(x):
 @triton.jit
 def sr_uniform(sr_base, epoch, index):
     """Uniform [0, 1) draws: ``sr_base`` = mix32(seed + 0x9E3779B9 (layer + 1)), index uint32."""
-    h = mix32(sr_base.to(tl.uint32) ^ epoch.to(tl.uint32))
+    h = mix32(tl.cast(sr_base, tl.uint32) ^ epoch.to(tl.uint32))
     bits = mix32(h ^ index.to(tl.uint32))
     return (bits >> 8).to(tl.float32) * (1.0 / 16777216.0)
 

@@ -45,6 +45,11 @@ def check_outputs(c, got: list, oracle: tuple, problems: list, *, ungated_verify
     return worst
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of a floating-point tensor (integers as they are), for bit-exact comparisons."""
+    return t.view(torch.uint8) if t.dtype.is_floating_point else t
+
+
 def check_state(c, got: dict, base: dict, problems: list, *, exact: bool) -> None:
     """Rings and cursors vs ``base``: raw entries bit-exact, d within the pair tolerance (bit-exact
     when ``exact``, which also takes the checkpoint and read-copy bytes)."""
@@ -52,8 +57,7 @@ def check_state(c, got: dict, base: dict, problems: list, *, exact: bool) -> Non
         if key not in got:
             problems.append(f"{key} missing")
         elif key.startswith(("ring.", "cursor.")) and key != "ring.d" or exact:
-            if not torch.equal(got[key].view(torch.uint8) if got[key].dtype.is_floating_point else got[key],
-                               want.view(torch.uint8) if want.dtype.is_floating_point else want):
+            if not torch.equal(_bits(got[key]), _bits(want)):
                 problems.append(f"{key} differs")
         elif key == "ring.d" and rms_ratio(got[key], want) >= pair_tolerance(c.cfg):
             problems.append(f"ring.d error {rms_ratio(got[key], want):.2e}")
@@ -69,3 +73,14 @@ def check_kernels_vs_reference(c, t, base, problems: list) -> None:
     ck_tol = 1e-5 if c.cfg.checkpoint_dtype == "float32" else 2e-2
     if rms_ratio(t.state["checkpoint"].float(), base.state["checkpoint"].float()) >= ck_tol:
         problems.append("checkpoint vs reference")
+
+
+def check_identical(c, t, base, problems: list) -> None:
+    """Two traces of the same kernels: every step's outputs and every state buffer (rings, cursors,
+    checkpoint, read copy) bit for bit."""
+    if len(t.outputs) != len(base.outputs):
+        problems.append(f"{len(t.outputs)} step outputs for {len(base.outputs)}")
+    for j, (y, y_ref) in enumerate(zip(t.outputs, base.outputs)):
+        if not torch.equal(_bits(y), _bits(y_ref)):
+            problems.append(f"step {j} outputs differ")
+    check_state(c, t.state, base.state, problems, exact=True)

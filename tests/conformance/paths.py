@@ -11,17 +11,20 @@ bytes) in logical sequence order, so traces of different paths compare element b
 | ``triton``    | ``StatePool(backend="triton")`` (Triton's interpreter on a CPU)             |
 | ``sglang-*``  | SGLang's ``HybridReqToTokenPool`` with the plugin's pool, SGLang's call sites |
 | ``transformers`` | ``ReplayCache`` through transformers' routed recurrent functions         |
+| ``trt-ptx``   | the TensorRT plugin layers' PTX over a pool's buffers (CUDA only; on a CPU  |
+|               | with the torch ops in place of the driver launch)                           |
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import torch
 
 import replayssm as rs
-from helpers import step_oracle
+from helpers import PER_LAYER, step_oracle
 from vectors import INIT_SEQS, NUM_LAYERS, Case, Step
 
 
@@ -150,6 +153,94 @@ def run_pool(case: Case, backend: str, device="cpu") -> Trace:
                 trace.outputs.append(fn(pool, 0, slots, out=_out(case, step).to(device), **inputs).cpu())
                 if step.kind == "verify":
                     pool.commit(slots, step.accepted)
+    trace.state = _snapshot(pool, [table[i] for i in range(case.num_seqs)])
+    return trace
+
+
+_STEP_STATE = ("checkpoint", "count", "origin", "epoch", "slots", "out")
+
+
+def trt_ptx_uncovered(case: Case) -> str | None:
+    """Why the TensorRT plugin layers cannot run ``case`` as scripted, or None. Their inputs are
+    fixed by ``aot.step_buffers``: every step input in the dtype declared there (Mamba-2's D and
+    dt_bias present), and a GDN / KDA ``scale`` equal to the compiled-in ``head_k_dim ** -0.5``."""
+    from replayssm.integrations.trtllm import aot
+    for j, step in enumerate(s for s in case.steps if s.kind in ("decode", "verify")):
+        has_z = case.family == "mamba2" and step.inputs.get("z") is not None
+        for name, (_, dtype) in aot.step_buffers(case.spec, case.cfg, step.tokens or 1, has_z=has_z).items():
+            if name in _STEP_STATE or name.startswith(("ring_", "read_")):
+                continue
+            value = step.inputs.get(name)
+            if value is None:
+                return f"step {j}: no {name}; the plugin layers take it"
+            if value.dtype != dtype:
+                return f"step {j}: {name} is {value.dtype}; the plugin layers take {dtype}"
+        scale = step.inputs.get("scale")
+        if scale is not None and scale != case.spec.head_k_dim ** -0.5:
+            return f"step {j}: scale {scale:g}; the plugin layers compile in head_k_dim ** -0.5"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _ptx_step(spec, cfg, op: str, tokens: int, has_z: bool, device: torch.device):
+    """The plugin layers of one step, built for ``device``'s arch and loaded there (``ptx_launch``)."""
+    from replayssm.integrations.trtllm import ptx_launch
+    arch = "sm_%d%d" % torch.cuda.get_device_capability(device)
+    manifest = ptx_launch.build_step(spec, cfg, op=op, tokens=tokens, has_z=has_z, arch=arch)
+    return ptx_launch.PtxStep(manifest, device)
+
+
+def _plugin_buffers(pool: rs.StatePool, slots: torch.Tensor, inputs: dict, out: torch.Tensor) -> dict:
+    """Layer 0's checkpoint, read copy, rings and cursors and one step's tensors (token axis
+    included), by ``aot.step_buffers`` name (and ``pending``)."""
+    bufs = {"checkpoint": pool.checkpoint[0], "slots": slots, "out": out}
+    bufs.update({f"read_{k}": v[0] for k, v in pool.read.items()})
+    bufs.update({f"ring_{k}": v[0] for k, v in pool.ring.items()})
+    bufs.update({k: v[0] for k, v in pool.cursors.items()})
+    bufs.update(inputs)
+    return bufs
+
+
+def run_trt_ptx(case: Case, device="cuda", launcher=None) -> Trace:
+    """The TensorRT AOT path without TensorRT, over the layer-0 buffers of a
+    ``StatePool(backend="triton")``: each decode / verify is its three plugin layers
+    (``plugin_desc.describe_step``, layer 0, Mamba-2 with its gate), run on the named buffers by
+    ``launcher(spec, cfg, op, tokens, has_z)(buffers)``; by default ``ptx_launch.PtxStep`` of the
+    PTX built for the device's arch, launched through the CUDA driver. What TensorRT leaves to the
+    host goes through the pool between launches (README, TensorRT-LLM, Recipe A): the initial
+    ``write_state``, the commit after a verify (``pool.commit(checked=False)``, the
+    ``torch.ops.replayssm.commit`` cursor move), ``fork`` and ``flush``; for Mamba-2 the host
+    records the layer's A for the pool's fold, as the pool's own steps do. Raises ValueError for a
+    case :func:`trt_ptx_uncovered` refuses. The trace is on the CPU (no launches recorded)."""
+    reason = trt_ptx_uncovered(case)
+    if reason is not None:
+        raise ValueError(f"case: {case.name} is not covered by the plugin layers: {reason}")
+    launcher = launcher or functools.partial(_ptx_step, device=torch.device(device))
+    pool = rs.StatePool(case.spec, case.cfg, num_layers=NUM_LAYERS, num_slots=case.num_seqs + 1, device=device,
+                        backend="triton")
+    first = pool.alloc(INIT_SEQS)
+    pool.write_state(0, first, case.init_state.to(device))
+    table = dict(enumerate(first.tolist()))
+    trace = Trace([])
+    for step in case.steps:
+        slots = _slots(table, step.rows).to(device)
+        if step.kind == "fork":
+            table.update(zip(step.children, pool.fork(slots).tolist()))
+            continue
+        if step.kind == "flush":
+            pool.flush(slots)
+            continue
+        inputs = {k: v.to(device) for k, v in step.inputs.items() if isinstance(v, torch.Tensor)}
+        if step.tokens is None:  # decode: a token axis of one, as replayssm.decode adds it
+            inputs = {k: (v if k in PER_LAYER else v.unsqueeze(1)) for k, v in inputs.items()}
+        out = _out(case, step).to(device)
+        if case.family == "mamba2":
+            pool.layer_A[0] = inputs["A"]
+        launcher(case.spec, case.cfg, step.kind, step.tokens or 1, "z" in inputs)(
+            _plugin_buffers(pool, slots, inputs, out if step.tokens else out.unsqueeze(1)))
+        trace.outputs.append(out.cpu())
+        if step.kind == "verify":
+            pool.commit(slots, step.accepted.to(device), checked=False)
     trace.state = _snapshot(pool, [table[i] for i in range(case.num_seqs)])
     return trace
 

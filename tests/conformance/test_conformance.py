@@ -7,8 +7,11 @@ cache within the pair tolerance of two implementations). SGLang's pool over a ba
 bit-exact with the standalone pool of that backend in outputs, rings, cursors, checkpoint and
 read-copy bytes wherever the same arithmetic runs in the same order (``layout_exact``). The
 TensorRT-LLM AOT plans (``plan_for``) must launch the same kernels with the same constexprs,
-warps, grid and arguments as the torch ops did. The last test prints the matrix path x family x
-mode.
+warps, grid and arguments as the torch ops did. The TensorRT PTX path (``paths.run_trt_ptx``) runs
+here with the torch ops in place of the driver launch, every launch's parameters packed in
+TensorRT's order from the pool's buffers and checked against the plugin descriptors
+(``trt-ptx-dry``); the PTX itself runs in ``benchmarks/gpu_conformance.py``. The last test prints
+the matrix path x family x mode.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ import pytest
 import torch
 
 import replayssm as rs
-from checks import check_kernels_vs_reference, check_outputs, check_state, pair_tolerance
+from checks import check_identical, check_kernels_vs_reference, check_outputs, check_state, pair_tolerance
 from helpers import rms_ratio
-from paths import run_oracle, run_pool, run_sglang, run_transformers
+from paths import run_oracle, run_pool, run_sglang, run_transformers, run_trt_ptx, trt_ptx_uncovered
 from vectors import CASES, FAMILIES, MODES, make_case
 
 pytest.importorskip("sglang")
@@ -216,9 +219,48 @@ def test_trtllm_aot_decode_plan_for_a_drafting_pool():
         aot.plan_for("qwen3.5", 4, "checkpoint", "float32", 16, max_draft_tokens=2)
 
 
+def _packed_ops_step(spec, cfg, op: str, tokens: int, has_z: bool):
+    """``run_trt_ptx``'s launcher without a GPU: each plugin layer's parameters packed as
+    ``ptx_launch.PtxStep`` packs them (shapes, dtypes, contiguity checked against the descriptors),
+    the pointers and extra args compared with the arguments of the torch ops' launches of the step,
+    which then run on the same buffers."""
+    from replayssm.integrations.trtllm import aot, ptx_launch
+    from replayssm.integrations.trtllm import plugin_desc as pd
+    from replayssm.kernels import ops
+    entries = [ptx_launch.layer_entry(d, name=d.kernel.kernel_name, shared=0)
+               for d in pd.describe_step(spec, cfg, op=op, tokens=tokens, has_z=has_z)]
+
+    def step(bufs):
+        n, S = ptx_launch.step_sizes(bufs)
+        plan = aot.step_plan(spec, cfg, bufs, committed=op == "decode")
+        launched = [[a.data_ptr() for a in lc.args if isinstance(a, torch.Tensor)] for lc in plan]
+        launched.append([bufs[k].data_ptr() for k in ("count", "origin", "pending", "epoch", "slots")] + [n, S])
+        for entry, args in zip(entries, launched, strict=True):
+            values, _ = ptx_launch.pack_args(entry, bufs)
+            assert list(values[:len(args)]) == args, entry["plugin_id"]
+        ops.launch(plan)
+        ops.advance(bufs["count"], bufs["origin"], bufs["pending"], bufs["epoch"], bufs["slots"], tokens, cfg.window,
+                    cfg.capacity, op == "decode")
+    return step
+
+
+@pytest.mark.parametrize("family,mode", CASES)
+def test_trt_ptx_host_side(family, mode):
+    """The TensorRT PTX path's host side (``run_trt_ptx``: pool buffers as the plugin layers'
+    parameters, commit / fork / flush through the pool) with the torch ops launched in place of the
+    PTX: recurrence tolerance, and bit-exact with the Triton pool in outputs, rings, cursors,
+    checkpoint and read-copy bytes."""
+    c, problems = case(family, mode), []
+    assert trt_ptx_uncovered(c) is None
+    t = run_trt_ptx(c, device="cpu", launcher=_packed_ops_step)
+    worst = check_outputs(c, t.outputs, oracle(family, mode), problems)
+    check_identical(c, t, trace("triton", family, mode), problems)
+    record("trt-ptx-dry", c, worst, problems)
+
+
 def test_matrix(capsys):
     """Print path x family x mode (pass / FAIL, worst error vs the fp64 recurrence); every cell ran and passed."""
-    paths = ("reference", "triton", "sglang-reference", "sglang-triton", "transformers", "trtllm-plan")
+    paths = ("reference", "triton", "sglang-reference", "sglang-triton", "transformers", "trtllm-plan", "trt-ptx-dry")
     lines = [f"{'path':<17}{'family':<8}" + "".join(f"{m:>13}" for m in MODES)]
     for path in paths:
         for family in FAMILIES:
@@ -233,6 +275,6 @@ def test_matrix(capsys):
     with capsys.disabled():
         print("\nconformance matrix (pass/FAIL, max RMS ratio vs the fp64 step recurrence; - = path not run)")
         print("\n".join(lines))
-    expected = 3 * len(CASES) + len(SGLANG) + sum(m in TRANSFORMERS_MODES for _, m in CASES)
+    expected = 4 * len(CASES) + len(SGLANG) + sum(m in TRANSFORMERS_MODES for _, m in CASES)
     assert len(RESULTS) == expected, "run the whole conformance module for the matrix"
     assert all(r[0] for r in RESULTS.values())
