@@ -1,5 +1,12 @@
 """Kernels run in Triton's interpreter on machines without a GPU (set before triton is imported);
-SGLang's process-wide server arguments and the replay hooks for the SGLang adapter tests."""
+the device of the SGLang adapter tests; SGLang's process-wide server arguments and the replay hooks
+for the SGLang adapter tests.
+
+``REPLAYSSM_TEST_DEVICE=cuda`` runs the SGLang adapter tests (the modules that use the
+``test_device`` fixture) on the GPU, with the real Triton kernels (the StatePool backend "auto" is
+"triton" there): SGLang's pools are built on ``DEVICE`` and the tensors those tests make go there.
+Other test modules pick their device themselves. Default: cpu.
+"""
 
 import json
 import os
@@ -8,9 +15,47 @@ import sys
 import pytest
 import torch
 
-if not torch.cuda.is_available():
+DEVICE = os.environ.get("REPLAYSSM_TEST_DEVICE", "cpu")
+if DEVICE not in ("cpu", "cuda"):
+    raise pytest.UsageError(f"REPLAYSSM_TEST_DEVICE: expected cpu or cuda, got {DEVICE!r}")
+if DEVICE == "cuda":
+    if not torch.cuda.is_available():
+        raise pytest.UsageError("REPLAYSSM_TEST_DEVICE=cuda: torch sees no CUDA device")
+    if os.environ.get("TRITON_INTERPRET", "0") != "0":
+        raise pytest.UsageError("REPLAYSSM_TEST_DEVICE=cuda runs the Triton kernels on the GPU; unset TRITON_INTERPRET")
+elif not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_FACTORIES = {torch.tensor, torch.arange, torch.full, torch.zeros, torch.ones, torch.empty, torch.rand, torch.randn,
+              torch.randint}
+
+
+class _TestTensorsOnDevice(torch.overrides.TorchFunctionMode):
+    """Tensors that code in tests/ makes without naming a device are made on ``DEVICE``; random ones
+    are drawn from their (host) generator and moved, so every device sees the same inputs. Tensors
+    that SGLang and replayssm make are left alone."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in _FACTORIES and kwargs.get("device") is None \
+                and sys._getframe(1).f_code.co_filename.startswith(_TESTS_DIR):
+            gen = kwargs.get("generator")
+            if gen is not None and gen.device.type == "cpu":
+                return func(*args, **kwargs).to(DEVICE)
+            kwargs["device"] = DEVICE
+        return func(*args, **kwargs)
+
+
+@pytest.fixture
+def test_device():
+    """``DEVICE``; off the CPU, the tensors the test makes without a device are made there."""
+    if DEVICE == "cpu":
+        yield DEVICE
+    else:
+        with _TestTensorsOnDevice():
+            yield DEVICE
 
 
 # a tiny Nemotron-H config: SGLang resolves its server arguments from it, offline
@@ -30,7 +75,7 @@ def server_args(tmp_path_factory):
     offline = os.environ.get("HF_HUB_OFFLINE")
     os.environ["HF_HUB_OFFLINE"] = "1"
     try:
-        args = prepare_server_args(["--model-path", str(model), "--device", "cpu", "--skip-tokenizer-init",
+        args = prepare_server_args(["--model-path", str(model), "--device", DEVICE, "--skip-tokenizer-init",
                                     "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"])
     finally:
         if offline is None:

@@ -1,5 +1,6 @@
-"""GDN decode through SGLang 0.5.23's kernel seam (``TritonGDNKernel.packed_decode``) on the CPU,
-on a pool built by SGLang's own ``HybridReqToTokenPool`` with Qwen3-Next-style cache parameters.
+"""GDN decode through SGLang 0.5.23's kernel seam (``TritonGDNKernel.packed_decode``) on the CPU (or the GPU:
+``REPLAYSSM_TEST_DEVICE=cuda``), on a pool built by SGLang's own ``HybridReqToTokenPool`` with Qwen3-Next-style
+cache parameters.
 
 The reference is the fp64 step recurrence fed with the gating SGLang's packed kernel computes
 (q, k L2-normalised, ``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``); rings and
@@ -13,6 +14,7 @@ import torch
 pytest.importorskip("sglang")
 
 import replayssm as rs  # noqa: E402
+from conftest import DEVICE  # noqa: E402
 from helpers import TOL, rms_ratio, step_oracle  # noqa: E402
 from replayssm.integrations.sglang import hooks, pool as replay_pool  # noqa: E402
 
@@ -23,13 +25,15 @@ HK, HV, K, V = 2, 4, 16, 8
 LAYERS = [0, 2]
 SPEC = rs.LayerSpec.gdn(num_k_heads=HK, num_v_heads=HV, head_k_dim=K, head_v_dim=V)
 
+pytestmark = pytest.mark.usefixtures("test_device")
+
 
 def _req_pool(draft_tokens=None):
     shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=HV * V, n_groups=HK, num_heads=HV,
                                     head_dim=V, state_size=K, conv_kernel=4, conv_shard_groups=[HK * K, HK * K, HV * V])
     params = Mamba2CacheParams(shape=shape, layers=LAYERS,
                                dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
-    return HybridReqToTokenPool(size=8, mamba_size=6, mamba_spec_state_size=8, max_context_len=64, device="cpu",
+    return HybridReqToTokenPool(size=8, mamba_size=6, mamba_spec_state_size=8, max_context_len=64, device=DEVICE,
                                 enable_memory_saver=False, cache_params=params, mamba_layer_ids=LAYERS,
                                 enable_mamba_extra_buffer=False, speculative_num_draft_tokens=draft_tokens)
 
@@ -62,7 +66,8 @@ def _gdn_decode_run(backend):
     mp = req_pool.mamba_pool
     assert mp.replay.spec == SPEC and mp.replay.checkpoint.data_ptr() == mp.mamba_cache.temporal.data_ptr()
     assert mp.replay.backend == backend
-    twin = rs.StatePool(SPEC, mp.replay.cfg, num_layers=2, num_slots=mp.size + 1, backend="reference")
+    twin = rs.StatePool(SPEC, mp.replay.cfg, num_layers=2, num_slots=mp.size + 1, device=DEVICE,
+                       backend="reference")
     twin.allocated.fill_(True)
     slots = req_pool.mamba_allocator.alloc(3)
     mp.clear_slots(slots)
@@ -133,7 +138,7 @@ def _runner(server_args, req_pool):
     from types import SimpleNamespace
 
     from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
-    return SimpleNamespace(server_args=server_args, device="cpu", is_draft_worker=False, req_to_token_pool=req_pool,
+    return SimpleNamespace(server_args=server_args, device=DEVICE, is_draft_worker=False, req_to_token_pool=req_pool,
                            token_to_kv_pool=None, linear_attn_backends=resolve_linear_attn_backends())
 
 
@@ -196,7 +201,7 @@ def test_gdn_verify_and_commit_through_sglangs_backend(server_args, backend):
             oracle = [torch.stack([states[acc - 1][i] for i, acc in enumerate(accepted)]) for states in candidates]
         for layer in range(len(LAYERS)):
             assert rms_ratio(mp.replay.read_state(layer, slots), oracle[layer]) < TOL["float32"]
-        assert mp.replay.pending[:, slots].eq(0).all()
+        assert mp.replay.pending[:, slots.cpu()].eq(0).all()             # the host mirror
     finally:
         hooks.uninstall()
 

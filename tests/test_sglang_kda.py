@@ -1,6 +1,6 @@
 """KDA decode through SGLang 0.5.23's kernel seam (``TritonKDAKernel.packed_decode`` and the unpacked
-``decode`` taken for safe-gate layers) on the CPU, on a pool built by SGLang's own
-``HybridReqToTokenPool`` with Kimi-Linear cache parameters.
+``decode`` taken for safe-gate layers) on the CPU (or the GPU: ``REPLAYSSM_TEST_DEVICE=cuda``), on a pool built by
+SGLang's own ``HybridReqToTokenPool`` with Kimi-Linear cache parameters.
 
 The reference is the fp64 step recurrence fed with the gating SGLang's KDA kernels compute (q, k
 L2-normalised; per-channel ``g = -exp(A_log) softplus(a + dt_bias)``, or
@@ -13,12 +13,15 @@ import torch
 pytest.importorskip("sglang")
 
 import replayssm as rs  # noqa: E402
+from conftest import DEVICE  # noqa: E402
 from helpers import TOL, rms_ratio, step_oracle  # noqa: E402
 from replayssm.integrations.sglang import hooks, pool as replay_pool  # noqa: E402
 
 HK, HV, D = 2, 4, 16                       # Kimi-Linear: K = V = head_dim
 LAYERS = [0, 3]
 SPEC = rs.LayerSpec.kda(num_k_heads=HK, num_v_heads=HV, head_k_dim=D, head_v_dim=D)
+
+pytestmark = pytest.mark.usefixtures("test_device")
 
 
 def _req_pool(draft_tokens=None):
@@ -28,7 +31,7 @@ def _req_pool(draft_tokens=None):
                                         conv_kernel_size=4)
     params = KimiLinearCacheParams(shape=shape, layers=LAYERS,
                                    dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
-    return HybridReqToTokenPool(size=8, mamba_size=6, mamba_spec_state_size=8, max_context_len=64, device="cpu",
+    return HybridReqToTokenPool(size=8, mamba_size=6, mamba_spec_state_size=8, max_context_len=64, device=DEVICE,
                                 enable_memory_saver=False, cache_params=params, mamba_layer_ids=LAYERS,
                                 enable_mamba_extra_buffer=False, speculative_num_draft_tokens=draft_tokens)
 
@@ -106,7 +109,7 @@ def _runner(server_args, req_pool):
     from types import SimpleNamespace
 
     from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
-    return SimpleNamespace(server_args=server_args, device="cpu", is_draft_worker=False, req_to_token_pool=req_pool,
+    return SimpleNamespace(server_args=server_args, device=DEVICE, is_draft_worker=False, req_to_token_pool=req_pool,
                            token_to_kv_pool=None, linear_attn_backends=resolve_linear_attn_backends())
 
 
@@ -169,7 +172,7 @@ def test_kda_verify_and_commit_through_sglangs_backend(server_args, backend, low
             oracle = [torch.stack([states[acc - 1][i] for i, acc in enumerate(accepted)]) for states in candidates]
         for layer in range(len(LAYERS)):
             assert rms_ratio(mp.replay.read_state(layer, slots), oracle[layer]) < TOL["float32"]
-        assert mp.replay.pending[:, slots].eq(0).all()
+        assert mp.replay.pending[:, slots.cpu()].eq(0).all()             # the host mirror
     finally:
         hooks.uninstall()
 

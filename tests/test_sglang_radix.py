@@ -1,6 +1,7 @@
 """A request's replay state through SGLang 0.5.23's own radix cache (UnifiedRadixCache + MambaComponent,
-no_buffer) on the CPU: alloc, clear, prefill, decode, finish (donate to the tree), match with
-copy-on-write into a new request, decode on, free. Checked against the fp64 step recurrence.
+no_buffer) on the CPU (or the GPU: ``REPLAYSSM_TEST_DEVICE=cuda``): alloc, clear, prefill, decode, finish
+(donate to the tree), match with copy-on-write into a new request, decode on, free. Checked against the fp64
+step recurrence.
 """
 
 from array import array
@@ -10,8 +11,11 @@ import torch
 
 pytest.importorskip("sglang")
 
+from conftest import DEVICE  # noqa: E402
 from helpers import TOL, rms_ratio  # noqa: E402
 from test_sglang_replay import LAYERS, Run, _req_pool  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("test_device")
 
 
 def _radix_cache(req_pool):
@@ -20,7 +24,7 @@ def _radix_cache(req_pool):
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    kv = TokenToKVPoolAllocator(size=64, dtype=torch.float32, device="cpu", kvcache=None, need_sort=False)
+    kv = TokenToKVPoolAllocator(size=64, dtype=torch.float32, device=DEVICE, kvcache=None, need_sort=False)
     return UnifiedRadixCache(CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=kv,
                                              page_size=1, tree_components=(ComponentType.FULL, ComponentType.MAMBA)))
 

@@ -1,4 +1,5 @@
-"""Replay inside SGLang 0.5.23 on the CPU, through SGLang's real pool classes and its Mamba-2 call site.
+"""Replay inside SGLang 0.5.23 on the CPU (or the GPU: ``REPLAYSSM_TEST_DEVICE=cuda``), through SGLang's real
+pool classes and its Mamba-2 call site.
 
 The pool under test is built by SGLang's own ``HybridReqToTokenPool`` (``mamba_pool_cls`` set by the
 hooks); steps go through the patched ``selective_state_update`` of SGLang's mamba module with the
@@ -12,6 +13,7 @@ import torch
 pytest.importorskip("sglang")
 
 import replayssm as rs  # noqa: E402
+from conftest import DEVICE  # noqa: E402
 from helpers import TOL, Params, make_inputs, rms_ratio, step_oracle, f64, token  # noqa: E402
 from replayssm.integrations.sglang import hooks, options, plugin, pool as replay_pool  # noqa: E402
 
@@ -23,6 +25,8 @@ H, P, N, G = 4, 6, 16, 2
 LAYERS = [1, 3]                     # model layer ids of the two mamba layers
 SPEC = rs.LayerSpec.mamba2(num_heads=H, head_dim=P, state_dim=N, num_groups=G)
 
+pytestmark = pytest.mark.usefixtures("test_device")
+
 
 def _cache_params(dtype=torch.float32):
     shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=H * P, n_groups=G, num_heads=H,
@@ -31,7 +35,7 @@ def _cache_params(dtype=torch.float32):
 
 
 def _req_pool(draft_tokens=None, dtype=torch.float32):
-    return HybridReqToTokenPool(size=8, mamba_size=6, mamba_spec_state_size=8, max_context_len=64, device="cpu",
+    return HybridReqToTokenPool(size=8, mamba_size=6, mamba_spec_state_size=8, max_context_len=64, device=DEVICE,
                                 enable_memory_saver=False, cache_params=_cache_params(dtype), mamba_layer_ids=LAYERS,
                                 enable_mamba_extra_buffer=False, speculative_num_draft_tokens=draft_tokens)
 
@@ -57,7 +61,7 @@ class Run:
         self.mp = req_pool.mamba_pool
         self.cfg = self.mp.replay.cfg
         self.twin = rs.StatePool(SPEC, self.cfg, num_layers=len(LAYERS), num_slots=self.mp.size + 1,
-                                 backend="reference")
+                                 device=DEVICE, backend="reference")
         self.twin.allocated.fill_(True)
         self.params = Params(SPEC, len(LAYERS), gen)
         self.oracle = {}                                  # (layer, slot) -> fp64 state
@@ -82,7 +86,7 @@ class Run:
         worst = 0.0
         real = slots >= 0
         for layer in range(len(LAYERS)):
-            inp = make_inputs(SPEC, self.params, layer, slots.numel(), None, self.gen, gate=False)
+            inp = make_inputs(SPEC, self.params, layer, slots.numel(), None, self.gen, gate=False, device=DEVICE)
             out = torch.full((slots.numel(), H, P), float("nan"))
             args, kw = _sglang_args(inp, slots, out)
             ssm_state = self.req_pool.mamba2_layer_cache(LAYERS[layer]).temporal
@@ -101,7 +105,7 @@ class Run:
         """T draft tokens through every layer (uncommitted); returns (worst error, per-layer inputs)."""
         worst, kept = 0.0, []
         for layer in range(len(LAYERS)):
-            inp = make_inputs(SPEC, self.params, layer, slots.numel(), T, self.gen, gate=False)
+            inp = make_inputs(SPEC, self.params, layer, slots.numel(), T, self.gen, gate=False, device=DEVICE)
             out = torch.full((slots.numel(), T, H, P), float("nan"))
             args, kw = _sglang_args(inp, slots, out, verify_T=T)
             ssm_state = self.req_pool.mamba2_layer_cache(LAYERS[layer]).temporal
@@ -226,7 +230,7 @@ def _backends(req_pool, server_args):
 
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend, Mamba2AttnBackend
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-    runner = SimpleNamespace(server_args=server_args, device="cpu", is_draft_worker=False, req_to_token_pool=req_pool,
+    runner = SimpleNamespace(server_args=server_args, device=DEVICE, is_draft_worker=False, req_to_token_pool=req_pool,
                              token_to_kv_pool=None)
     return HybridLinearAttnBackend(TorchNativeAttnBackend(runner), Mamba2AttnBackend(runner), [0, 2]), runner
 
@@ -259,7 +263,7 @@ def test_commit_after_verify_through_sglangs_backend(server_args):
             for conv, new in zip(caches.conv, windows):            # conv rolled back to the last accepted token
                 for row, s in enumerate(slots.tolist()):
                     assert torch.equal(conv[:, s], new[:, row, int(steps[row])])
-            assert run.req_pool.mamba_pool.replay.pending[:, slots].eq(0).all()
+            assert run.req_pool.mamba_pool.replay.pending[:, slots.cpu()].eq(0).all()   # the host mirror
         assert run.state_error(slots) < TOL["float32"]
         run.assert_ring_matches_twin()
         with pytest.raises(RuntimeError, match="mamba_track_indices: replayssm serves"):
@@ -295,12 +299,12 @@ def test_slot_events_follow_sglang_clear_copy_and_host_copy(replay_on):
     _assert_read_copy_is_encoded_checkpoint(mp, torch.cat((a, b)))
     host = mp.get_cpu_copy(c)                                # the host copy is the whole state
     for layer in range(len(LAYERS)):
-        assert rms_ratio(host[1][layer, 0], run.oracle[layer, c.item()]) < TOL["float32"]
+        assert rms_ratio(host[1][layer, 0].to(DEVICE), run.oracle[layer, c.item()]) < TOL["float32"]
     mp.clear_slots(c)
     assert mp.mamba_cache.temporal[:, c].eq(0).all() and mp.replay.cursors["count"][:, c].eq(0).all()
     _assert_read_copy_is_encoded_checkpoint(mp, c)
     mp.load_cpu_copy(host, c)
-    assert torch.equal(mp.mamba_cache.temporal[:, c], host[1])
+    assert torch.equal(mp.mamba_cache.temporal[:, c], host[1].to(DEVICE))
     _assert_read_copy_is_encoded_checkpoint(mp, c)
 
 
@@ -343,7 +347,7 @@ def test_bad_call_site_arguments_are_named(replay_on, change, match):
     gen = torch.Generator().manual_seed(4)
     run = Run(_req_pool(), replay_on, gen)
     slots = run.req_pool.mamba_allocator.alloc(2)
-    inp = make_inputs(SPEC, run.params, 0, 2, None, gen, gate=False)
+    inp = make_inputs(SPEC, run.params, 0, 2, None, gen, gate=False, device=DEVICE)
     args, kw = _sglang_args(inp, slots, torch.empty(2, H, P))
     args = list(args)
     change(args, kw)
@@ -359,17 +363,17 @@ def test_pool_refusals(replay_on):
                               layers=LAYERS, dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
     with pytest.raises(ValueError, match=r"cache_params: temporal \(0, 1, 16\) is empty"):
         HybridReqToTokenPool.mamba_pool_cls(size=4, spec_state_size=4, cache_params=empty, mamba_layer_ids=LAYERS,
-                                            device="cpu")
+                                            device=DEVICE)
     cls = HybridReqToTokenPool.mamba_pool_cls
     with pytest.raises(ValueError, match="enable_linear_replayssm: SGLang's own replay cannot run beside"):
-        cls(size=4, spec_state_size=4, cache_params=_cache_params(), mamba_layer_ids=LAYERS, device="cpu",
+        cls(size=4, spec_state_size=4, cache_params=_cache_params(), mamba_layer_ids=LAYERS, device=DEVICE,
             enable_linear_replayssm=True)
 
 
 def test_a_state_outside_a_replay_pool_is_refused(replay_on):
     stray = torch.zeros(7, H, P, N)
     inp = make_inputs(SPEC, Params(SPEC, 1, torch.Generator().manual_seed(6)), 0, 2, None,
-                      torch.Generator().manual_seed(6), gate=False)
+                      torch.Generator().manual_seed(6), gate=False, device=DEVICE)
     args, kw = _sglang_args(inp, torch.tensor([1, 2]), torch.empty(2, H, P))
     with pytest.raises(ValueError, match="state: not a layer of a ReplayMambaPool's temporal tensor"):
         mamba_mod.selective_state_update(stray, *args, **kw)

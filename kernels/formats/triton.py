@@ -2,7 +2,9 @@
 
 Every helper computes bit-for-bit what the reference computes on the same fp32 input
 (rounding, scale arithmetic, stochastic-rounding bits), so a read copy or checkpoint written
-by a kernel equals one written by the reference.
+by a kernel equals one written by the reference. Divisions are ``div_rn`` (IEEE, as PyTorch):
+Triton's ``/`` on fp32 is the approximate ``div.full.f32`` on NVIDIA GPUs (exact only in the
+interpreter), which moved codes across rounding boundaries on the H200.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def fp16_stochastic_round(x, u):
     up = tl.minimum(hb + 1, 0x7BFF)
     hi = up.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     gap = hi - lo
-    p = tl.where(gap > 0, (a - lo) / tl.where(gap > 0, gap, 1.0), 0.0)
+    p = tl.where(gap > 0, tl.math.div_rn(a - lo, tl.where(gap > 0, gap, 1.0)), 0.0)
     hb = tl.where(u < p, up, hb)
     hb = tl.where(x < 0, hb | 0x8000, hb)
     out = hb.to(tl.int16).to(tl.float16, bitcast=True)
@@ -111,7 +113,7 @@ def e2m1_decode(code):
 @triton.jit
 def row_scale_of(amax_r, EMAX: tl.constexpr):
     """fp32 row scale of read-copy rows whose absolute maxima are ``amax_r``."""
-    return amax_r / (EMAX * 448.0)
+    return tl.math.div_rn(amax_r, tl.full(amax_r.shape, EMAX * 448.0, tl.float32))
 
 
 @triton.jit
@@ -123,10 +125,10 @@ def quantize_rows(x, amax_r, FMT: tl.constexpr, EMAX: tl.constexpr, R: tl.conste
     amax_b = tl.max(tl.abs(xb), axis=2)
     row_scale = row_scale_of(amax_r, EMAX)
     safe_row = tl.where(row_scale > 0, row_scale, 1.0)
-    block_scale = e4m3_encode(tl.minimum(amax_b / (EMAX * safe_row[:, None]), 448.0)).to(tl.uint8)
+    block_scale = e4m3_encode(tl.minimum(tl.math.div_rn(amax_b, tl.broadcast_to(EMAX * safe_row[:, None], amax_b.shape)), 448.0)).to(tl.uint8)
     denom = e4m3_decode(block_scale) * row_scale[:, None]
     safe = tl.where(denom > 0, denom, 1.0)
-    q = tl.where(denom[:, :, None] > 0, xb / safe[:, :, None], 0.0)
+    q = tl.where(denom[:, :, None] > 0, tl.math.div_rn(xb, tl.broadcast_to(safe[:, :, None], xb.shape)), 0.0)
     q = tl.reshape(tl.minimum(tl.maximum(q, -EMAX), EMAX), (R, COLS))
     if FMT == READ_FP8:
         codes = e4m3_encode(q).to(tl.uint8)
