@@ -37,10 +37,9 @@ CANDIDATES = {
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=64, num_warps=4, chunk=64, stages=2, dot="tf32x3"),
                    dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
-        "flush": [dict(rows=32, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
+        "flush": [dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3"),
                   dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
-                  dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3"),
-                  dict(rows=64, num_warps=8, chunk=64, stages=2, dot="tf32x3")],
+                  dict(rows=32, num_warps=4, chunk=32, stages=2, dot="tf32x3")],
     },
     "delta": {
         "decode": [dict(rows=64, num_warps=1, chunk=32, stages=3), dict(rows=64, num_warps=2, chunk=32, stages=3)],
@@ -50,8 +49,7 @@ CANDIDATES = {
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=128, num_warps=8, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
-        "flush": [dict(rows=32, num_warps=2, stages=2, dot="tf32x3"), dict(rows=32, num_warps=4, stages=2, dot="tf32x3"),
-                  dict(rows=16, num_warps=2, stages=2, dot="tf32x3"), dict(rows=64, num_warps=4, stages=2, dot="tf32x3")],
+        "flush": [dict(rows=32, num_warps=2, stages=2), dict(rows=32, num_warps=4, stages=2)],
     },
 }
 # kind -> (read formats, tokens, fill); the flush is also timed with the ring sized for 8 tokens

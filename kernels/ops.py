@@ -37,19 +37,19 @@ _compiled: set = set()
 # rows: P (Mamba-2) or V (delta) per program; decode streams the state (or fp8 read copy) in
 # `chunk`-column pieces through a `stages`-deep pipeline (`read`: the same for NVFP4); flush is the decode flush pass
 # (Mamba-2: streamed in `chunk`-column pieces like decode; delta `stages`: its replay loop's pipeline
-# depth; GDN's WY fold: `dot` precision); verify streams the state once for T > 1 tokens (chunk raised to 16 words for tl.dot;
+# depth); verify streams the state once for T > 1 tokens (chunk raised to 16 words for tl.dot;
 # smaller states pad with zero words; `dot`: the products' precision); verify_flush is its flush pass.
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3),
                "read": dict(rows=64, num_warps=2, chunk=64, stages=2),
-               "flush": dict(rows=32, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
+               "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3"),
                "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-               "verify_flush": dict(rows=32, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
+               "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
     "delta": {"decode": dict(rows=64, num_warps=1, chunk=32, stages=3),
               "read": dict(rows=64, num_warps=1, chunk=32, stages=3),
-              "flush": dict(rows=32, num_warps=2, stages=2, dot="tf32x3"),
+              "flush": dict(rows=32, num_warps=2, stages=2),
               "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-              "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3")},
+              "verify_flush": dict(rows=32, num_warps=8, stages=2)},
     "kda": {"read": dict(rows=128, num_warps=2, chunk=64, stages=2),
             "verify": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }
@@ -69,8 +69,6 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     flush = tiles["verify_flush" if T > 1 else "flush"]
     if family == "mamba2":
         flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
-    else:
-        flush = dict(flush, LOG_BM=const["BM"].bit_length() - 1)
     if T > 1:
         pw = _PER_WORD_VERIFY[const["READ_FMT"]]
         ver = tiles["verify"]
@@ -85,7 +83,7 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     for (kernel, tile), flush_pass in zip(plan, (False, True)):
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
-                                         ("STAGES", "stages"), ("DOT", "dot"), ("LOG_BM", "LOG_BM")) if t in tile}
+                                         ("STAGES", "stages"), ("DOT", "dot")) if t in tile}
         out.append((kernel, block, {**const, **extra}, tile["num_warps"], flush_pass))
     return out
 

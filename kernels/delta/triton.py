@@ -7,10 +7,10 @@ only its rows:
   ``u_t = S0ᵀ(e^{Γ_t} ⊙ k_t) + Σ_{j<t} c_tj d_j``, ``d_t = β_t (v_t - u_t)``,
   ``o_t = scale [S0ᵀ(e^{Γ_t} ⊙ q_t) + Σ_{j<=t} ĉ_tj d_j]`` with the d of earlier entries taken from
   the ring's d cache. The new d is cached for later steps' outputs; the state is not written.
-- the flush pass (``_delta_flush_kernel``) folds the committed window into the exact checkpoint
-  from the raw inputs (k, v, g, beta; GDN in WY form with ``tl.dot`` products, KDA entry by
-  entry), stores the folded checkpoint and its read copy, then evaluates a verify's tokens from
-  it. The cached d never reaches the checkpoint.
+- the flush pass (``_delta_flush_kernel``) replays the committed window step by step from the
+  exact checkpoint using the raw inputs (k, v, g, beta; loads pipelined across entries), stores
+  the folded checkpoint and its read copy, then evaluates a verify's tokens from it. The cached
+  d never reaches the checkpoint.
 Cursors are only read. Derivation: README.md beside this file; reference: reference.py.
 """
 
@@ -42,15 +42,9 @@ def _delta_flush_kernel(
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
-    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr, LOG_BM: tl.constexpr,
+    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
-
-    GDN folds the window in WY form: the entries' deltas solve ``(I + L) D = diag(β)(V - e^{Γ} K S0)``
-    with ``L[j, r] = β_j e^{Γ_j - Γ_r} (k_j · k_r)`` (r < j), inverted as the product
-    ``Π_p (I + (-L)^{2^p})`` (L is nilpotent), then ``S_F = e^{Γ_F} S0 + (w ⊙ K)ᵀ D``: ``tl.dot``
-    products at precision ``DOT``, no per-entry reductions. KDA (per-channel decays) replays
-    the entries one by one."""
+    """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
@@ -72,61 +66,32 @@ def _delta_flush_kernel(
         else:
             rg = ring_g + (sl * HV + h) * capacity
 
+        # exact fold: replay the committed entries step by step on the fp32 checkpoint tile; each
+        # entry's raw inputs come from the ring (j < count) or this step's tokens, loaded branch-free
+        # so that the next entries' loads are in flight during this entry's update
         S = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)                       # [K, BV]
         n_fold = count + T if COMMITTED else count
         dj = tl.zeros([BV], dtype=tl.float32)
-        if PER_CHANNEL:
-            # exact fold: replay the committed entries step by step on the fp32 checkpoint tile; each
-            # entry's raw inputs come from the ring (j < count) or this step's tokens, loaded
-            # branch-free so that the next entries' loads are in flight during this entry's update
-            for j in tl.range(0, n_fold, num_stages=STAGES):
-                p = (origin + j) % capacity
-                rj = j < count
-                t = tl.maximum(j - count, 0)
-                kj = (tl.load(rk + p * K + ok, mask=(ok < K) & rj, other=0.0).to(tl.float32)
-                      + tl.load(k + i * k_r + t * k_t + hk * k_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
-                vj = (tl.load(rv + p * V + ov, mask=vmask & rj, other=0.0).to(tl.float32)
-                      + tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask & ~rj, other=0.0).to(tl.float32))
-                bj = (tl.load(rbeta + p, mask=rj, other=0.0)
-                      + tl.load(beta + i * be_r + t * be_t + h, mask=~rj, other=0.0).to(tl.float32))
+        for j in tl.range(0, n_fold, num_stages=STAGES):
+            p = (origin + j) % capacity
+            rj = j < count
+            t = tl.maximum(j - count, 0)
+            kj = (tl.load(rk + p * K + ok, mask=(ok < K) & rj, other=0.0).to(tl.float32)
+                  + tl.load(k + i * k_r + t * k_t + hk * k_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
+            vj = (tl.load(rv + p * V + ov, mask=vmask & rj, other=0.0).to(tl.float32)
+                  + tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask & ~rj, other=0.0).to(tl.float32))
+            bj = (tl.load(rbeta + p, mask=rj, other=0.0)
+                  + tl.load(beta + i * be_r + t * be_t + h, mask=~rj, other=0.0).to(tl.float32))
+            if PER_CHANNEL:
                 gj = (tl.load(rg + p * K + ok, mask=(ok < K) & rj, other=0.0)
                       + tl.load(g + i * g_r + t * g_t + h * g_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
                 S = S * tl.exp(gj)[:, None]
-                dj = bj * (vj - tl.sum(S * kj[:, None], axis=0))
-                S += kj[:, None] * dj[None, :]
-        else:
-            # exact fold in WY form over the window entries e < n_fold (raw inputs: ring, then tokens)
-            fold = e < n_fold
-            hist = e < count
-            new = fold & ~hist
-            pos = (origin + e) % capacity
-            te = tl.maximum(e - count, 0)
-            K_w = (tl.load(rk + pos[:, None] * K + ok[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
-                   + tl.load(k + i * k_r + te[:, None] * k_t + hk * k_h + ok[None, :], mask=new[:, None],
-                             other=0.0).to(tl.float32))                                          # [BM, K]
-            V_w = (tl.load(rv + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :],
-                           other=0.0).to(tl.float32)
-                   + tl.load(v + i * v_r + te[:, None] * v_t + h * v_h + ov[None, :],
-                             mask=new[:, None] & vmask[None, :], other=0.0).to(tl.float32))      # [BM, BV]
-            b_w = (tl.load(rbeta + pos, mask=hist, other=0.0)
-                   + tl.load(beta + i * be_r + te * be_t + h, mask=new, other=0.0).to(tl.float32))
-            g_w = (tl.load(rg + pos, mask=hist, other=0.0)
-                   + tl.load(g + i * g_r + te * g_t + h, mask=new, other=0.0).to(tl.float32))
-            gam = tl.cumsum(g_w, axis=0)                                                         # [BM]
-            gam_F = tl.sum(tl.where(e == n_fold - 1, gam, 0.0), axis=0)
-            U0 = tl.dot(K_w, S, input_precision=DOT)                                             # K S0 [BM, BV]
-            gram = tl.dot(K_w, tl.trans(K_w), input_precision=DOT)                               # [BM, BM]
-            lower = e[:, None] > e[None, :]
-            Nm = tl.where(lower, -b_w[:, None] * tl.exp(tl.minimum(gam[:, None] - gam[None, :], 0.0)) * gram, 0.0)
-            inv = tl.where(e[:, None] == e[None, :], 1.0, 0.0) + Nm                              # (I - Nm)^-1 ...
-            pw = Nm
-            for _ in tl.static_range(LOG_BM - 1):
-                pw = tl.dot(pw, pw, input_precision=DOT)
-                inv += tl.dot(inv, pw, input_precision=DOT)                                      # ... (I + Nm^{2^p})
-            D = tl.dot(inv, b_w[:, None] * (V_w - tl.exp(gam)[:, None] * U0), input_precision=DOT)   # [BM, BV]
-            wF = tl.where(fold, tl.exp(tl.minimum(gam_F - gam, 0.0)), 0.0)
-            S = tl.dot(tl.trans(K_w * wF[:, None]), D, acc=tl.exp(gam_F) * S, input_precision=DOT)
-            dj = tl.sum(tl.where((e == n_fold - 1)[:, None], D, 0.0), axis=0)
+            else:
+                gj = (tl.load(rg + p, mask=rj, other=0.0)
+                      + tl.load(g + i * g_r + t * g_t + h, mask=~rj, other=0.0).to(tl.float32))
+                S = S * tl.exp(gj)
+            dj = bj * (vj - tl.sum(S * kj[:, None], axis=0))
+            S += kj[:, None] * dj[None, :]
         if COMMITTED:
             qj = tl.load(q + i * q_r + hk * q_h + ok).to(tl.float32)
             o = scale * tl.sum(S * qj[:, None], axis=0)
