@@ -2,6 +2,7 @@
 
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -122,8 +123,15 @@ def test_launch_equals_ops(family, op, rf):
         assert k.grid_for(n) == tuple(n if g == "n" else g for g in lc.grid)
         assert k.block == (lc.num_warps * 32, 1, 1) and k.constexprs == lc.constexprs
         params = [a for a in lc.kernel.arg_names if a not in lc.constexprs]
-        assert k.baked == {p: v for p, v in zip(params, lc.args) if not isinstance(v, torch.Tensor)}
-        assert k.baked["sr_base"] == ops.sr_base(cfg.seed, layer)
+        scalars = {p: v for p, v in zip(params, lc.args) if not isinstance(v, torch.Tensor)}
+        # Triton's JIT compiles an int equal to 1 in; every other scalar is an int32 extra arg
+        assert k.baked == {p: v for p, v in scalars.items() if type(v) is int and v == 1}
+        assert [p for p, _ in k.extra_args] == [p for p in scalars if p not in k.baked]
+        extra = dict(k.extra_args)
+        assert extra["sr_base"] % 2 ** 32 == ops.sr_base(cfg.seed, layer)
+        if spec.is_delta:
+            assert struct.pack("<i", extra["scale"]) == struct.pack("<f", spec.head_k_dim ** -0.5)
+        assert all(extra[p] == v for p, v in scalars.items() if p not in k.baked | {"sr_base": 0, "scale": 0})
         # the kernel's tensors, in its order, are the plugin's inputs then its new outputs
         fed = [t[x.buffer] for x in desc.inputs] + [t[o.buffer] for o in desc.outputs if o.alias_of is None]
         tensors = [v for v in lc.args if isinstance(v, torch.Tensor)]
@@ -151,8 +159,10 @@ def test_advance_equals_launcher(monkeypatch):
     bufs = [cur[f][0] for f in ("count", "origin", "pending", "epoch")] + [slots]
     assert [(a.data_ptr(), a.shape, a.dtype) for a in args[:5]] == [(b.data_ptr(), b.shape, b.dtype) for b in bufs]
     assert [t.dtype for t in adv.inputs] == [b.dtype for b in bufs]
-    assert list(args[5:7]) == [n, S] and adv.kernel.extra_args == ("n", "S")
-    assert dict(zip(("T", "window", "capacity"), args[7:])) == adv.kernel.baked
+    assert list(args[5:7]) == [n, S] and adv.kernel.baked == {}
+    assert adv.kernel.extra_args == (("n", "n"), ("num_slots", "S"), *zip(("T", "window", "capacity"), args[7:]))
+    decode = pd.describe_step(SPECS["gdn"], cfg, op="decode", tokens=1)[2].kernel
+    assert decode.baked == {"T": 1} and [p for p, _ in decode.extra_args] == ["n", "num_slots", "window", "capacity"]
     assert kw == adv.kernel.constexprs and adv.kernel.block == (32 * 4, 1, 1)
 
 
@@ -203,6 +213,13 @@ def test_compiled_kernels_match_manifest(tmp_path):
     for p, m in zip((step, flush), got["manifest"]):
         assert p["entry"] == 1 and p["name"] == m["name"] and p["block"] == m["block"]
         assert p["grid"] == m["grid"]
-        # the runtime parameters are the manifest's tensor arguments: every scalar is compiled in
-        assert p["params"] == [a["name"] for a in m["args"] if a["type"].startswith("*")]
-    assert adv["name"] == "_advance_kernel" and adv["params"][-2:] == ["n", "num_slots"] and adv["entry"] == 1
+        # the plugin's parameters are the manifest's in TensorRT's order: input tensors, the scalars
+        # (int32 extra args), the new output
+        tensors = [a["name"] for a in m["args"] if a["type"].startswith("*")]
+        new = ["out"] if p is step else []
+        # the checkpoint's last stride is 1: Triton's JIT compiles it in, so the plugin does
+        scalars = [a["name"] for a in m["args"] if not a["type"].startswith("*") and a["name"] != "c_v"]
+        assert p["params"] == [t for t in tensors if t not in new] + scalars + new
+    assert adv["name"] == "_advance_kernel" and adv["entry"] == 1
+    assert adv["params"] == ["count_ptr", "origin_ptr", "pending_ptr", "epoch_ptr", "slots", "n", "num_slots",
+                             "window", "capacity"]

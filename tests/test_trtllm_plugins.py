@@ -60,7 +60,7 @@ def test_config_round_trip():
     for d in direct:
         got = descs[d.plugin_id]
         assert (got.inputs, got.outputs, got.kernel) == (d.inputs, d.outputs, d.kernel)
-    assert got.kernel.baked["T"] == 3
+    assert dict(got.kernel.extra_args)["T"] == 3
 
 
 @pytest.mark.parametrize("arch", ["90", "sm90", "sm_x"])

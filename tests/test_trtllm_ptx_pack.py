@@ -42,9 +42,14 @@ def test_pack_in_tensorrt_order(family, op, rf):
     for desc, entry in zip(descs, entries):
         assert json.loads(json.dumps(entry)) == entry
         values, types = ptx_launch.pack_args(entry, bufs)
-        order = desc.trt_parameters()
-        assert list(values) == [{"n": N, "S": S}[p] if p in ("n", "S") else bufs[p].data_ptr() for p in order]
-        assert list(types) == [ctypes.c_int if p in ("n", "S") else ctypes.c_void_p for p in order]
+        extra = {"n": N, "S": S}
+        passed = [bufs[t.buffer].data_ptr() for t in desc.inputs]
+        passed += [extra.get(v, v) for _, v in desc.kernel.extra_args]
+        passed += [bufs[t.buffer].data_ptr() for t in desc.outputs]
+        assert list(values) == passed
+        k = len(desc.inputs)
+        assert list(types) == [ctypes.c_void_p] * k + [ctypes.c_int] * (len(values) - k - len(desc.outputs)) + \
+            [ctypes.c_void_p] * len(desc.outputs)
         first_out = len(desc.inputs) + len(desc.kernel.extra_args)
         for k, o in enumerate(desc.outputs):  # an aliased output repeats its input's pointer
             if o.alias_of is not None:
@@ -56,7 +61,8 @@ def test_pack_in_tensorrt_order(family, op, rf):
 def test_advance_grid_and_extra_args():
     _, entries, bufs = _step("gdn", "verify", "checkpoint")
     adv = entries[2]
-    assert [a["name"] for a in adv["args"] if a["kind"] == "extra"] == ["n", "S"]
+    assert [(a["name"], a["value"]) for a in adv["args"] if a["kind"] == "extra"] == \
+        [("n", "n"), ("num_slots", "S"), ("T", 3), ("window", 4), ("capacity", 6)]
     assert ptx_launch.grid_for(adv, 300) == (3, 1, 1) and ptx_launch.grid_for(adv, 0) == (0, 1, 1)
 
 
@@ -89,17 +95,18 @@ def _fake_ptx(name, params):
 
 def test_ptx_params_checked_against_tensorrt_order():
     _, entries, _ = _step("mamba2", "decode", "checkpoint")
-    adv = entries[2]  # 5 pointers, n, S, then 4 aliased output pointers
+    adv = entries[2]  # 5 pointers, n, S, window, capacity (T = 1 is compiled in), 4 aliased output pointers
     ptr = ".u64 .ptr .global .align 1"
-    ok = _fake_ptx(adv["name"], [ptr] * 5 + [".u32"] * 2 + [ptr] * 2)  # + Triton's two scratch pointers
-    assert ptx_launch.ptx_params(ok, adv["name"]) == ["ptr"] * 5 + ["u32"] * 2 + ["ptr"] * 2
+    # + Triton's two scratch pointers; an f32 parameter takes an int32 extra arg (the float's bits)
+    ok = _fake_ptx(adv["name"], [ptr] * 5 + [".u32"] * 3 + [".f32"] + [ptr] * 2)
+    assert ptx_launch.ptx_params(ok, adv["name"]) == ["ptr"] * 5 + ["u32"] * 3 + ["f32"] + ["ptr"] * 2
     ptx_launch.check_ptx_params(adv, ok)
     with pytest.raises(ValueError, match="PTX parameter 5 is ptr, TensorRT passes int32"):
-        ptx_launch.check_ptx_params(adv, _fake_ptx(adv["name"], [ptr] * 9))
+        ptx_launch.check_ptx_params(adv, _fake_ptx(adv["name"], [ptr] * 11))
     with pytest.raises(ValueError, match="PTX parameter 0 is u64, TensorRT passes ptr"):
-        ptx_launch.check_ptx_params(adv, _fake_ptx(adv["name"], [".u64"] + [ptr] * 4 + [".u32"] * 2))
-    with pytest.raises(ValueError, match="the PTX entry takes 12 parameters, TensorRT passes 11"):
-        ptx_launch.check_ptx_params(adv, _fake_ptx(adv["name"], [ptr] * 5 + [".u32"] * 2 + [ptr] * 5))
+        ptx_launch.check_ptx_params(adv, _fake_ptx(adv["name"], [".u64"] + [ptr] * 4 + [".u32"] * 4))
+    with pytest.raises(ValueError, match="the PTX entry takes 14 parameters, TensorRT passes 13"):
+        ptx_launch.check_ptx_params(adv, _fake_ptx(adv["name"], [ptr] * 5 + [".u32"] * 4 + [ptr] * 5))
     with pytest.raises(ValueError, match="ptx: no .entry _advance_kernel"):
         ptx_launch.ptx_params(_fake_ptx("other", [ptr]), adv["name"])
 

@@ -148,29 +148,83 @@ def plan_for(model: str, tokens: int, read_format: str, checkpoint_dtype: str, w
     return spec, step_plan(spec, cfg, tensors, committed=tokens == 1)
 
 
-def compile_launch(lc, arch: str, *, bake_scalars: bool = False, runtime: tuple = ()):
-    """``triton.compile`` of one launch for ``arch`` (sm_90, sm_100a, ...); returns (signature, compiled).
-
-    Integer arguments stay plain i32 parameters (i64 ``sr_base``) unless ``bake_scalars``: then
-    every non-tensor argument not named in ``runtime`` (strides, window, capacity, sr_base, scale)
-    is compiled in as a constant.
-    """
+def compile_launch(lc, arch: str):
+    """``triton.compile`` of one launch for ``arch`` (sm_90, sm_100a, ...), every integer argument a
+    plain i32 parameter (i64 ``sr_base``) with no value specialization; returns (signature, compiled)."""
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    _check_compiler()
+    sig = _signature(lc.kernel, lc.args, lc.constexprs)
+    src = ASTSource(fn=lc.kernel, signature=sig,
+                    constexprs={(lc.kernel.arg_names.index(k),): v for k, v in lc.constexprs.items()})
+    return sig, triton.compile(src, target=_target(arch), options=dict(num_warps=lc.num_warps))
+
+
+def _check_compiler() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("TRITON_INTERPRET=1 is set: the kernels are interpreted functions; unset it to compile")
-    cc = int(arch.removeprefix("sm_").rstrip("a"))
-    consts = dict(lc.constexprs)
-    if bake_scalars:
-        names = [a for a in lc.kernel.arg_names if a not in lc.constexprs]
-        consts.update({k: v for k, v in zip(names, lc.args) if not isinstance(v, torch.Tensor) and k not in runtime})
-    args = [v for k, v in zip([a for a in lc.kernel.arg_names if a not in lc.constexprs], lc.args) if k not in consts]
-    sig = _signature(lc.kernel, args, consts)
-    src = ASTSource(fn=lc.kernel, signature=sig,
-                    constexprs={(lc.kernel.arg_names.index(k),): v for k, v in consts.items()})
-    return sig, triton.compile(src, target=GPUTarget("cuda", cc, 32), options=dict(num_warps=lc.num_warps))
+
+
+def _target(arch: str):
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", int(arch.removeprefix("sm_").rstrip("a")), 32)
+
+
+def jit_specialization(lc, arch: str, *, dynamic: tuple = (), replace: dict | None = None):
+    """The specialization Triton's JIT gives ``lc.kernel[grid](*lc.args, num_warps=..., **constexprs)``
+    for ``arch``, computed by Triton's own binder (``create_function_from_signature``) and
+    ``JITFunction._pack_args``, as ``JITFunction.run`` does before compiling.
+
+    That is: an int equal to 1 becomes the constant 1; other ints are i32 (i64 outside int32) with
+    ``tt.divisibility=16`` when divisible by 16; a tensor is a pointer with ``tt.divisibility=16``
+    when its address is; floats are fp32, unspecialized.
+
+    Args:
+        lc: a ``kernels.ops.Launch``.
+        dynamic: integer parameters compiled as Triton compiles a ``do_not_specialize`` one (plain
+            i32, whatever the value): sizes that vary between launches of one PTX (``n``).
+        replace: parameter -> value used in place of ``lc``'s argument.
+    Returns:
+        ``(signature, constexprs, attrs, options)`` as ``triton.compiler.ASTSource`` and
+        ``triton.compile`` take them: signature name -> Triton type (``"constexpr"`` for constants),
+        constexprs and attrs keyed by ``(parameter index,)``.
+    """
+    from triton import knobs
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    kernel = lc.kernel
+    backend = make_backend(_target(arch))
+    names = [a for a in kernel.arg_names if a not in lc.constexprs]
+    unknown = set(dynamic) - set(names) | set(replace or {}) - set(names)
+    if unknown:
+        raise ValueError(f"{kernel.__name__}: no runtime parameters {sorted(unknown)}")
+    args = [(replace or {}).get(k, v) for k, v in zip(names, lc.args)]
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    kwargs = dict(lc.constexprs, num_warps=lc.num_warps, debug=kernel.debug or knobs.runtime.debug,
+                  instrumentation_mode=knobs.compilation.instrumentation_mode)
+    bound, specialization, options = binder(*args, **kwargs)
+    for i, name in enumerate(kernel.arg_names):
+        if name in dynamic:
+            if specialization[i][0] not in ("i32", "constexpr") or not isinstance(bound[name], int):
+                raise ValueError(f"{kernel.__name__}: dynamic parameter {name} is not an int32")
+            specialization[i] = ("i32", None)
+    options, sig, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    return sig, constexprs, attrs, options
+
+
+def compile_jit(lc, arch: str, *, dynamic: tuple = (), replace: dict | None = None):
+    """``triton.compile`` of ``lc`` with the JIT's specialization (:func:`jit_specialization`):
+    the kernel the torch op's launch of the same arguments runs. Returns (signature, compiled)."""
+    import triton
+    from triton.compiler import ASTSource
+
+    _check_compiler()
+    sig, constexprs, attrs, options = jit_specialization(lc, arch, dynamic=dynamic, replace=replace)
+    src = ASTSource(lc.kernel, sig, constexprs, attrs)
+    return sig, triton.compile(src, target=_target(arch), options=options.__dict__)
 
 
 def compile_all(out: str, arch: str, models, tokens, read_formats, checkpoint_dtype: str, window: int) -> dict:

@@ -163,8 +163,9 @@ def _aot_impl(pid: str, trtp, inputs: list, config: str) -> tuple:
     params.block_x, params.block_y, params.block_z = k["block"]
     params.shared_mem = k["shared"]
     extra = trtp.SymIntExprs(len(desc.kernel.extra_args))
-    for i, e in enumerate(desc.kernel.extra_args):  # "n", or "S": the cursors' length - 1
-        extra[i] = trtp.SymInt32(n if e == "n" else inputs[buffers.index("count")].shape_expr[0] - 1)
+    sizes = {"n": n, "S": inputs[buffers.index("count")].shape_expr[0] - 1}  # S: the cursors' length - 1
+    for i, (_, v) in enumerate(desc.kernel.extra_args):  # a constant, or "n" / "S"
+        extra[i] = trtp.SymInt32(sizes.get(v, v))
     return k["name"], k["ptx"], params, extra
 
 

@@ -24,7 +24,8 @@ must still cover every PTX parameter, which :func:`check_ptx_params` checks.
 ``manifest.json``: ``ring_contract_version``, ``arch``, ``triton`` and ``layers``, in launch order,
 each with ``plugin_id``, ``name`` (PTX entry), ``file``, ``grid`` (ints, ``"n"``,
 ``"cdiv(n, 128)"``), ``block``, ``shared`` (bytes of dynamic shared memory) and ``args``:
-TensorRT's parameters in order, ``{"kind": "input" | "extra" | "output", "name": ...}``; inputs and
+TensorRT's parameters in order, ``{"kind": "input" | "extra" | "output", "name": ...}``; extra args
+carry ``value`` (the int32 passed: an integer, a float's fp32 bits, or ``"n"`` / ``"S"``); inputs and
 outputs also carry ``buffer`` (an ``aot.step_buffers`` name, or ``pending``), ``shape`` (ints,
 ``"n"``, ``"S"``, ``"S + 1"``) and ``dtype`` (torch's name), outputs ``alias_of`` (the index of the
 input whose buffer they are, or null for a new tensor).
@@ -69,7 +70,8 @@ def layer_entry(desc: pd.PluginDesc, *, name: str, shared: int) -> dict:
                    dtype=str(t.dtype).removeprefix("torch."))
         return arg if kind == "input" else dict(arg, alias_of=t.alias_of)
 
-    args = [tensor("input", t) for t in desc.inputs] + [dict(kind="extra", name=e) for e in desc.kernel.extra_args]
+    args = [tensor("input", t) for t in desc.inputs]
+    args += [dict(kind="extra", name=p, value=v) for p, v in desc.kernel.extra_args]
     args += [tensor("output", t) for t in desc.outputs]
     return dict(plugin_id=desc.plugin_id, name=name, grid=list(desc.kernel.grid), block=list(desc.kernel.block),
                 shared=shared, args=args)
@@ -149,21 +151,23 @@ def step_sizes(buffers: dict) -> tuple[int, int]:
 def pack_args(entry: dict, buffers: dict) -> tuple[tuple, tuple]:
     """A layer's kernel parameters in TensorRT's order, as ``cuLaunchKernel``'s ``kernelParams``
     takes them: ``(values, ctypes types)``, a ``c_void_p`` (``data_ptr()``) per input and output
-    (an aliased output repeats its input's pointer) and a ``c_int`` per extra arg (``n``, ``S``).
+    (an aliased output repeats its input's pointer) and a ``c_int`` per extra arg (its ``value``,
+    ``n`` or ``S``).
 
     Args:
         entry: a manifest layer (:func:`layer_entry`).
         buffers: name -> tensor for every ``buffer`` the entry names; ``n`` and ``S`` come from
             ``slots`` and ``count`` (:func:`step_sizes`). Each must have the entry's shape and
-            dtype, be contiguous (its strides are compiled into the PTX) and be on the device of
-            the others.
+            dtype, be contiguous (its strides are the entry's extra args), 16-byte aligned (the PTX is
+            compiled for aligned buffers, as Triton's JIT compiles the torch op's) and be on the device
+            of the others.
     """
     n, S = step_sizes(buffers)
     values, types, device = [], [], None
     for arg in entry["args"]:
         if arg["kind"] == "extra":
-            v = {"n": n, "S": S}[arg["name"]]
-            if not 0 <= v < _INT32:
+            v = {"n": n, "S": S}.get(arg["value"], arg["value"])
+            if not -_INT32 <= v < _INT32:
                 raise ValueError(f"{arg['name']}: TensorRT passes extra args as int32, got {v}")
             values.append(v)
             types.append(ctypes.c_int)
@@ -178,8 +182,10 @@ def pack_args(entry: dict, buffers: dict) -> tuple[tuple, tuple]:
         if t.dtype != getattr(torch, arg["dtype"]):
             raise TypeError(f"{name}: expected dtype torch.{arg['dtype']} {where}, got {t.dtype}")
         if not t.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous tensor {where} (strides are compiled in), "
+            raise ValueError(f"{name}: expected a contiguous tensor {where} (its strides are extra args), "
                              f"got strides {t.stride()}")
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}: expected a 16-byte aligned address {where}, got {t.data_ptr():#x}")
         device = t.device if device is None else device
         if t.device != device:
             raise ValueError(f"{name}: expected device {device} like the other buffers {where}, got {t.device}")
@@ -213,14 +219,15 @@ def ptx_params(ptx: str, name: str) -> list[str]:
 def check_ptx_params(entry: dict, ptx: str) -> None:
     """Raise ValueError unless TensorRT's parameters (``entry["args"]``) cover the PTX entry's:
     one for each PTX parameter (extra ones are ignored by the driver), a pointer where the entry
-    takes a 64-bit pointer and an int32 extra arg where it takes a 32-bit integer."""
+    takes a 64-bit pointer and an int32 extra arg where it takes a 32-bit integer or float (the
+    float's bits)."""
     got = ptx_params(ptx, entry["name"])
     passed = ["int32" if a["kind"] == "extra" else "ptr" for a in entry["args"]]
     if len(got) > len(passed):
         raise ValueError(f"{entry['plugin_id']}: the PTX entry takes {len(got)} parameters, TensorRT passes "
                          f"{len(passed)}")
     for i, (want, have) in enumerate(zip(got, passed)):
-        if (want == "ptr") != (have == "ptr") or (have == "int32" and want not in ("u32", "s32", "b32")):
+        if (want == "ptr") != (have == "ptr") or (have == "int32" and want not in ("u32", "s32", "b32", "f32")):
             raise ValueError(f"{entry['plugin_id']}: PTX parameter {i} is {want}, TensorRT passes {have} "
                              f"({entry['args'][i]['name']})")
 

@@ -222,8 +222,8 @@ def test_trtllm_aot_decode_plan_for_a_drafting_pool():
 def _packed_ops_step(spec, cfg, op: str, tokens: int, has_z: bool):
     """``run_trt_ptx``'s launcher without a GPU: each plugin layer's parameters packed as
     ``ptx_launch.PtxStep`` packs them (shapes, dtypes, contiguity checked against the descriptors),
-    the pointers and extra args compared with the arguments of the torch ops' launches of the step,
-    which then run on the same buffers."""
+    the pointers and extra args compared with the arguments of the torch ops' launches of the step
+    (scalars: those Triton's JIT does not compile in, as int32), which then run on the same buffers."""
     from replayssm.integrations.trtllm import aot, ptx_launch
     from replayssm.integrations.trtllm import plugin_desc as pd
     from replayssm.kernels import ops
@@ -233,11 +233,19 @@ def _packed_ops_step(spec, cfg, op: str, tokens: int, has_z: bool):
     def step(bufs):
         n, S = ptx_launch.step_sizes(bufs)
         plan = aot.step_plan(spec, cfg, bufs, committed=op == "decode")
-        launched = [[a.data_ptr() for a in lc.args if isinstance(a, torch.Tensor)] for lc in plan]
-        launched.append([bufs[k].data_ptr() for k in ("count", "origin", "pending", "epoch", "slots")] + [n, S])
+        launched = [list(zip([a for a in lc.kernel.arg_names if a not in lc.constexprs], lc.args)) for lc in plan]
+        launched.append([(k, bufs[k]) for k in ("count", "origin", "pending", "epoch", "slots")] +
+                        list(zip(("n", "num_slots", "T", "window", "capacity"),
+                                 (n, S, tokens, cfg.window, cfg.capacity))))
         for entry, args in zip(entries, launched, strict=True):
             values, _ = ptx_launch.pack_args(entry, bufs)
-            assert list(values[:len(args)]) == args, entry["plugin_id"]
+            kinds = [a["kind"] for a in entry["args"]]
+            ptrs = [a.data_ptr() for _, a in args if isinstance(a, torch.Tensor)]
+            scalars = [(p, a) for p, a in args if not isinstance(a, torch.Tensor)]
+            assert [v for v, k in zip(values, kinds) if k != "extra"][:len(ptrs)] == ptrs, entry["plugin_id"]
+            assert [v for v, k in zip(values, kinds) if k == "extra"] == \
+                [pd._int32(p, a) for p, a in scalars if not pd._jit_constant(a) or p in ("n", "num_slots")], \
+                entry["plugin_id"]
         ops.launch(plan)
         ops.advance(bufs["count"], bufs["origin"], bufs["pending"], bufs["epoch"], bufs["slots"], tokens, cfg.window,
                     cfg.capacity, op == "decode")
