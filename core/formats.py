@@ -8,9 +8,10 @@ K for GDN/KDA), blocks of 16 consecutive cols:
 | fp8    | e4m3, 1 B                        | e4m3                 | fp32      | 1 + 1/16 + 4/cols   |
 | nvfp4  | e2m1, two per byte, low = even   | e4m3                 | fp32      | 0.5 + 1/16 + 4/cols |
 
-Encode per row r: ``g_r = amax_r / (E * 448)`` (E = 448 for fp8, 6 for nvfp4),
+Encode per row r: ``g_r = amax_r * fp32(1 / (E * 448))`` (E = 448 for fp8, 6 for nvfp4),
 ``s_b = e4m3(amax_b / (E * g_r))``, ``q = round(x / (s_b * g_r))`` saturated to ``±E``;
-decode ``x ≈ q * s_b * g_r``. A row of zeros encodes to zeros.
+decode ``x ≈ q * s_b * g_r``. A row of zeros encodes to zeros. Divisions are IEEE (round to
+nearest) and ``g_r`` a product, so every device produces the same bytes.
 
 Checkpoint formats: float32 (4 B), bfloat16 (2 B, round to nearest even), float16_sr (2 B,
 stochastic rounding with counter-based random bits, reproducible from
@@ -86,7 +87,9 @@ def quantize(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor, tor
     xb = x.reshape(*lead, rows, cols // BLOCK, BLOCK)
     amax_b = xb.abs().amax(-1)                                    # [..., rows, cols/16]
     amax_r = amax_b.amax(-1)                                      # [..., rows]
-    row_scale = amax_r / (emax * E4M3_MAX)
+    # a product with the fp32 reciprocal, not a division: PyTorch on CUDA divides by a scalar that
+    # way, and every device (and the kernels) must produce the same bits
+    row_scale = amax_r * (1.0 / (emax * E4M3_MAX))
     safe_row = torch.where(row_scale > 0, row_scale, torch.ones_like(row_scale))
     block_scale = (amax_b / (emax * safe_row[..., None])).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     denom = block_scale.float() * row_scale[..., None]

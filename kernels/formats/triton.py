@@ -2,9 +2,10 @@
 
 Every helper computes bit-for-bit what the reference computes on the same fp32 input
 (rounding, scale arithmetic, stochastic-rounding bits), so a read copy or checkpoint written
-by a kernel equals one written by the reference. Divisions are ``div_rn`` (IEEE, as PyTorch):
-Triton's ``/`` on fp32 is the approximate ``div.full.f32`` on NVIDIA GPUs (exact only in the
-interpreter), which moved codes across rounding boundaries on the H200.
+by a kernel equals one written by the reference. Divisions of tensors are ``div_rn`` (IEEE, as
+PyTorch's): Triton's ``/`` on fp32 is the approximate ``div.full.f32`` on NVIDIA GPUs (exact only in
+the interpreter), which moved codes across rounding boundaries on the H200. The row scale is a
+product with an fp32 reciprocal on both sides (PyTorch on CUDA divides by a scalar that way).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def e2m1_decode(code):
 @triton.jit
 def row_scale_of(amax_r, EMAX: tl.constexpr):
     """fp32 row scale of read-copy rows whose absolute maxima are ``amax_r``."""
-    return tl.math.div_rn(amax_r, tl.full(amax_r.shape, EMAX * 448.0, tl.float32))
+    return amax_r * (1.0 / (EMAX * 448.0))
 
 
 @triton.jit
