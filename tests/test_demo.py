@@ -52,6 +52,7 @@ def test_replay_matches_transformers_cache(setup):
     run = demo.decode_greedy(model, cache, cache.routing(), prompt, STEPS, lambda n: None)
     assert run.tokens == ref.tokens
     assert demo.logit_drift(run, ref).max() < LOGIT_TOL
+    assert demo.next_token_kl(run, ref).abs().max() < 1e-9
     layers = len(cache.layer_map)
     assert cache.checkpoint_writes() == layers * ((STEPS - 1) // WINDOW)  # one flush per window per layer
     assert cache.pool.read_state(0, cache.slots).abs().sum() > 0
@@ -65,6 +66,7 @@ def test_state_error_is_noticed(setup):
     cache.pool.write_state = lambda layer, slots, state: write(layer, slots, torch.zeros_like(state))
     run = demo.decode_greedy(model, cache, cache.routing(), prompt, STEPS, lambda n: None)
     assert demo.logit_drift(run, ref).max() > 100 * LOGIT_TOL
+    assert demo.next_token_kl(run, ref).mean() > 1e3 * demo.next_token_kl(ref, ref).abs().max() + 1e-12
 
 
 def test_speculative_matches_greedy(setup):

@@ -136,6 +136,12 @@ def logit_drift(run: Run, ref: Run) -> torch.Tensor:
     return (run.logits - ref.logits).norm(dim=-1) / ref.logits.norm(dim=-1)
 
 
+def next_token_kl(run: Run, ref: Run) -> torch.Tensor:
+    """KL(p_ref || p_run) of the next-token distributions per step, in nats, fp32 ``[steps]``."""
+    lp_ref = torch.log_softmax(ref.logits.double(), -1)
+    return (lp_ref.exp() * (lp_ref - torch.log_softmax(run.logits.double(), -1))).sum(-1).float()
+
+
 def run_family(name: str, *, steps: int, window: int, drafts: int, device: str, seed: int, tick) -> list[dict]:
     """Every mode for one model; one table row (a dict) per mode, with its per-step drift."""
     model = tiny_model(name, seed=seed, device=device)
@@ -152,21 +158,22 @@ def run_family(name: str, *, steps: int, window: int, drafts: int, device: str, 
     cache = replay("checkpoint")
     run = decode_greedy(model, cache, cache.routing(), prompt, steps, tick)
     rows.append(dict(family=name, mode="replay", run=run, same=_same(run, ref), drift=logit_drift(run, ref),
-                     notes=f"window {window}, {cache.checkpoint_writes()} checkpoint writes",
-                     backend=cache.pool.backend))
+                     kl=next_token_kl(run, ref), backend=cache.pool.backend,
+                     notes=f"window {window}, {cache.checkpoint_writes()} checkpoint writes"))
     cache = replay("checkpoint", drafts)
     run = decode_speculative(model, cache, prompt, steps, tick)
     n = run.notes
     rate = n["accepted"] / max(n["drafted"], 1)
     rows.append(dict(family=name, mode="replay spec", run=run, same=_same(run, ref), drift=logit_drift(run, ref),
-                     notes=f"{n['accepted']}/{n['drafted']} drafts accepted ({rate:.0%}), "
+                     kl=next_token_kl(run, ref), notes=f"{n['accepted']}/{n['drafted']} drafts accepted ({rate:.0%}), "
                            f"{n['checkpoint_writes']} checkpoint writes (flushes), no state snapshots"))
     for fmt in READ_FORMATS:
         cache = replay(fmt)
         run = decode_greedy(model, cache, cache.routing(), prompt, steps, tick, teacher=ref.tokens)
         agree = sum(a == b for a, b in zip(run.tokens, ref.tokens))
         rows.append(dict(family=name, mode=f"replay {fmt}", run=run, same=f"{agree}/{steps} (forced)",
-                         drift=logit_drift(run, ref), notes="teacher-forced on the reference tokens"))
+                         drift=logit_drift(run, ref), kl=next_token_kl(run, ref),
+                         notes="teacher-forced on the reference tokens"))
     return rows
 
 
@@ -179,15 +186,17 @@ def _same(run: Run, ref: Run) -> str:
 def format_table(rows: list[dict], steps: int) -> str:
     """The demo's table: one line per (family, mode)."""
     head = (f"{'family':12} {'mode':13} {'tokens identical':17} {'logit drift max / median':>24} "
-            f"{'state B written/token':>22} {'decode s':>9}  notes")
+            f"{'KL mean':>8} {'state B written/token':>22} {'decode s':>9}  notes")
     lines = [head, "-" * len(head)]
     for r in rows:
         d = r["drift"]
         drift = "-" if d is None else f"{d.max().item():.1e} / {d[1:].median().item():.1e}"
+        kl = "-" if r.get("kl") is None else f"{r['kl'][1:].mean().item():.1e}"
         per_token = r["run"].bytes_written / (steps - 1)
-        lines.append(f"{r['family']:12} {r['mode']:13} {r['same']:17} {drift:>24} {per_token:22,.0f} "
+        lines.append(f"{r['family']:12} {r['mode']:13} {r['same']:17} {drift:>24} {kl:>8} {per_token:22,.0f} "
                      f"{r['run'].seconds:9.2f}  {r['notes']}")
-    lines += ["logit drift: ||logits - transformers' logits|| / ||transformers' logits|| per decode step.",
+    lines += ["logit drift: ||logits - transformers' logits|| / ||transformers' logits|| per decode step; "
+              "KL mean: KL(p_transformers || p) of the next-token distributions, nats, mean over the decode steps.",
               "state B written/token: recurrent-state bytes written per generated token, all layers "
               "(transformers: the whole fp32 state every step; replay: ring entries, drafts included, plus "
               "checkpoint and read copy at each flush)."]

@@ -1,20 +1,23 @@
-"""Ahead-of-time PTX for the replayssm kernels, with a manifest a TensorRT plugin launches from.
+"""Ahead-of-time PTX of the replayssm TensorRT plugin layers, with the manifests they launch from.
 
     python -m replayssm.integrations.trtllm.aot --arch sm_90 --out DIR [--models qwen3.5,...]
         [--tokens 1,4] [--read-formats checkpoint,nvfp4] [--checkpoint-dtype float32] [--window 16]
+        [--gate]
 
-Each kernel is compiled from the same launch the ``torch.ops.replayssm`` op performs
-(``replayssm.kernels.ops.mamba2_plan`` / ``delta_plan``, built here on meta tensors), so the bytes
-TensorRT runs are the kernels SGLang and the torch ops run. Compiling needs Triton only; no GPU.
-Kernels are compiled without value specialization: every integer argument is a plain i32
-(``sr_base`` i64), so one PTX serves any strides and batch.
+For every model x T x read format it writes one step directory ``DIR/<model>.<op>.T<T>.<read
+format>/`` (``op`` decode for T = 1, verify for T > 1) with ``ptx_launch.save_step``: the PTX of
+the step's three plugin layers (``plugin_desc.describe_step``, compiled by
+``plugin_desc.compile_kernel``: the kernels the torch ops' launches run, parameters in TensorRT's
+order) and their ``manifest.json`` (entry names, TensorRT's arguments in order (inputs, int32 extra
+args with their values, outputs) with shapes and dtypes, grid, block, shared memory, ring contract
+version; ``ptx_launch`` module docstring), which ``ptx_launch.load_step`` reads back. Steps are
+layer 0's (``sr_base`` of seed 0, layer 0) with the bf16 ring, the ``[S, HV, K, V]`` checkpoint and,
+for Mamba-2, the gate ``z`` an input only with ``--gate``. Compiling needs Triton only; no GPU.
 
-``manifest.json``: ``ring_contract_version``, ``arch``, and per kernel ``name`` (PTX entry),
-``file``, ``op``, ``model``, ``tokens``, ``max_draft_tokens`` (the pool's draft budget: every
-plan of one manifest sizes the ring for the largest ``tokens``), ``flush_pass``, ``read_format``,
-``checkpoint_dtype``,
-``args`` (kernel order: name and Triton type), ``constexprs``, ``grid`` (``"n"`` = rows),
-``block`` ([num_warps * 32, 1, 1]) and ``shared`` (bytes of dynamic shared memory).
+``DIR/manifest.json`` indexes them: ``ring_contract_version``, ``arch``, ``triton`` and ``steps``,
+each with ``dir``, ``model``, ``family``, ``op``, ``tokens``, ``max_draft_tokens`` (the pool's draft
+budget: every step sizes the ring for the largest ``tokens``), ``read_format``,
+``checkpoint_dtype``, ``window`` and ``has_z``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 
 import torch
 
@@ -36,7 +40,8 @@ _PTR = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", to
 
 
 def _signature(kernel, args: list, constexprs: dict) -> dict:
-    """Triton signature of a launch: pointer types from tensors, i32 for integers (i64 for sr_base)."""
+    """Triton types of a launch's runtime arguments, unspecialized: pointer types from tensors, i32
+    for integers (i64 for sr_base). The conformance suite compares plans with launches through it."""
     names = [a for a in kernel.arg_names if a not in constexprs]
     if len(names) != len(args):
         raise AssertionError(f"{kernel.__name__}: {len(args)} arguments for {len(names)} parameters")
@@ -127,15 +132,17 @@ def step_plan(spec, cfg, tensors: dict, *, committed: bool, layer: int = 0, stat
                           t["out"], spec.head_k_dim ** -0.5, cfg.window, committed, **fmt)
 
 
-def plan_for(model: str, tokens: int, read_format: str, checkpoint_dtype: str, window: int, n: int = 8,
-             max_draft_tokens: int | None = None):
-    """The launches of one step of ``model`` (meta tensors: shapes, dtypes and strides only).
+def model_config(model: str, tokens: int, read_format: str, checkpoint_dtype: str, window: int,
+                 max_draft_tokens: int | None = None):
+    """``(spec, cfg)`` of ``model`` (``MODELS``) for steps of up to ``tokens`` tokens: bf16 ring.
 
     ``max_draft_tokens``: the pool's draft budget, which sizes its ring and so the kernels' window
     block; every step of one pool (decode and each verify size) must use the pool's. None: just
     enough for this step (``tokens - 1``)."""
     import replayssm as rs
 
+    if model not in MODELS:
+        raise ValueError(f"model: expected one of {sorted(MODELS)}, got {model!r}")
     drafts = max(tokens - 1, 0) if max_draft_tokens is None else max_draft_tokens
     if not isinstance(drafts, int) or drafts < 0 or tokens > drafts + 1:
         raise ValueError(f"max_draft_tokens: expected an int >= tokens - 1 = {tokens - 1}, got {max_draft_tokens!r}")
@@ -144,21 +151,16 @@ def plan_for(model: str, tokens: int, read_format: str, checkpoint_dtype: str, w
     spec = getattr(rs.LayerSpec, family)(**dims)
     cfg = rs.ReplayConfig(window=window, max_draft_tokens=drafts, checkpoint_dtype=checkpoint_dtype,
                           read_format=read_format, ring_dtype="bfloat16")
+    return spec, cfg
+
+
+def plan_for(model: str, tokens: int, read_format: str, checkpoint_dtype: str, window: int, n: int = 8,
+             max_draft_tokens: int | None = None):
+    """The launches of one step of ``model`` (meta tensors: shapes, dtypes and strides only), with
+    ``model_config``'s spec and config (``max_draft_tokens`` as there)."""
+    spec, cfg = model_config(model, tokens, read_format, checkpoint_dtype, window, max_draft_tokens)
     tensors = materialize(step_buffers(spec, cfg, tokens), n, 2 * n)
     return spec, step_plan(spec, cfg, tensors, committed=tokens == 1)
-
-
-def compile_launch(lc, arch: str):
-    """``triton.compile`` of one launch for ``arch`` (sm_90, sm_100a, ...), every integer argument a
-    plain i32 parameter (i64 ``sr_base``) with no value specialization; returns (signature, compiled)."""
-    import triton
-    from triton.compiler import ASTSource
-
-    _check_compiler()
-    sig = _signature(lc.kernel, lc.args, lc.constexprs)
-    src = ASTSource(fn=lc.kernel, signature=sig,
-                    constexprs={(lc.kernel.arg_names.index(k),): v for k, v in lc.constexprs.items()})
-    return sig, triton.compile(src, target=_target(arch), options=dict(num_warps=lc.num_warps))
 
 
 def _check_compiler() -> None:
@@ -227,41 +229,44 @@ def compile_jit(lc, arch: str, *, dynamic: tuple = (), replace: dict | None = No
     return sig, triton.compile(src, target=_target(arch), options=options.__dict__)
 
 
-def compile_all(out: str, arch: str, models, tokens, read_formats, checkpoint_dtype: str, window: int) -> dict:
-    """Compile every requested kernel to ``out``; returns the manifest (also written as manifest.json)."""
+def compile_all(out: str, arch: str, models, tokens, read_formats, checkpoint_dtype: str, window: int, *,
+                has_z: bool = False) -> dict:
+    """Write every requested step's plugin layers to ``out`` (module docstring); returns the index
+    (also written as ``out/manifest.json``).
+
+    ``has_z``: Mamba-2 steps take the gate ``z`` as an input (ignored for GDN / KDA models)."""
     import triton
 
     from replayssm.ring import RING_VERSION
 
-    os.makedirs(out, exist_ok=True)
-    entries = []
+    from . import ptx_launch
+
+    if not tokens or any(not isinstance(T, int) or T < 1 for T in tokens):
+        raise ValueError(f"tokens: expected ints >= 1, got {list(tokens)!r}")
+    drafts = max(tokens) - 1
+    steps = []
     for model in models:
         for T in tokens:
+            op = "decode" if T == 1 else "verify"
             for rf in read_formats:
-                spec, plan = plan_for(model, T, rf, checkpoint_dtype, window, max_draft_tokens=max(tokens) - 1)
-                for lc in plan:
-                    sig, compiled = compile_launch(lc, arch)
-                    name = compiled.metadata.name
-                    tag = f"{model}.T{T}.{rf}.{'flush' if lc.flush_pass else 'step'}"
-                    fname = f"{tag}.ptx"
-                    with open(os.path.join(out, fname), "w") as f:
-                        f.write(compiled.asm["ptx"])
-                    entries.append(dict(
-                        name=name, file=fname, op=lc.op, model=model, tokens=T, read_format=rf,
-                        checkpoint_dtype=checkpoint_dtype, window=window, max_draft_tokens=max(tokens) - 1,
-                        flush_pass=bool(lc.flush_pass),
-                        args=[dict(name=k, type=v) for k, v in sig.items() if v != "constexpr"],
-                        constexprs={k: (v if isinstance(v, (int, float, bool, str)) else str(v))
-                                    for k, v in lc.constexprs.items()},
-                        grid=list(lc.grid), block=[lc.num_warps * 32, 1, 1], shared=compiled.metadata.shared))
-    manifest = dict(ring_contract_version=RING_VERSION, arch=arch, triton=triton.__version__, kernels=entries)
-    with open(os.path.join(out, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=1)
-    return manifest
+                spec, cfg = model_config(model, T, rf, checkpoint_dtype, window, max_draft_tokens=drafts)
+                z = has_z and spec.family == "mamba2"
+                step = f"{model}.{op}.T{T}.{rf}"
+                ptx_launch.save_step(ptx_launch.build_step(spec, cfg, op=op, tokens=T, has_z=z, arch=arch),
+                                     os.path.join(out, step))
+                steps.append(dict(dir=step, model=model, family=spec.family, op=op, tokens=T,
+                                  max_draft_tokens=drafts, read_format=rf, checkpoint_dtype=checkpoint_dtype,
+                                  window=window, has_z=z))
+    index = dict(ring_contract_version=RING_VERSION, arch=arch, triton=triton.__version__, steps=steps)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, ptx_launch.MANIFEST), "w") as f:
+        json.dump(index, f, indent=1)
+    return index
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="Compile the replayssm kernels to PTX with a launch manifest.")
+    ap = argparse.ArgumentParser(description="Compile the replayssm TensorRT plugin layers to PTX with their "
+                                             "launch manifests.")
     ap.add_argument("--arch", default="sm_90", help="sm_90, sm_100, ...")
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default=",".join(MODELS))
@@ -269,14 +274,20 @@ def main(argv=None) -> None:
     ap.add_argument("--read-formats", default="checkpoint,fp8,nvfp4")
     ap.add_argument("--checkpoint-dtype", default="float32")
     ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--gate", action="store_true", help="Mamba-2 steps take the gate z as an input")
     a = ap.parse_args(argv)
+    if not re.fullmatch(r"sm_\d+a?", a.arch):
+        ap.error(f"--arch: expected sm_<major><minor> such as sm_90 or sm_100, got {a.arch!r}")
     models = a.models.split(",")
     for m in models:
         if m not in MODELS:
-            raise SystemExit(f"--models: unknown model {m!r}; expected some of {sorted(MODELS)}")
-    manifest = compile_all(a.out, a.arch, models, [int(t) for t in a.tokens.split(",")],
-                           a.read_formats.split(","), a.checkpoint_dtype, a.window)
-    print(f"wrote {len(manifest['kernels'])} kernels for {a.arch} to {a.out}")
+            ap.error(f"--models: unknown model {m!r}; expected some of {sorted(MODELS)}")
+    tokens = [int(t) if t.strip().isdigit() else 0 for t in a.tokens.split(",")]
+    if min(tokens) < 1:
+        ap.error(f"--tokens: expected comma-separated ints >= 1, got {a.tokens!r}")
+    index = compile_all(a.out, a.arch, models, tokens, a.read_formats.split(","), a.checkpoint_dtype, a.window,
+                        has_z=a.gate)
+    print(f"wrote {len(index['steps'])} steps for {a.arch} to {a.out}")
 
 
 if __name__ == "__main__":
