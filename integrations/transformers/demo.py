@@ -1,6 +1,6 @@
 """Decode transformers' own hybrid models with their recurrent state in replayssm.
 
-``python -m replayssm.demo [--device cpu|cuda] [--steps N]``. For each tiny model (NemotronH:
+``python -m replayssm.demo [--device cpu|cuda] [--steps N] [--batch N]``. For each tiny model (NemotronH:
 Mamba-2, Qwen3-Next and Qwen3.5: GDN, KimiLinear: KDA; seeded random weights, built in memory) it prefills
 a prompt with the model's own code, then decodes greedily:
 
@@ -9,7 +9,9 @@ a prompt with the model's own code, then decodes greedily:
 - ``replay spec``: prompt-lookup drafts verified through ``replayssm.verify`` and committed with
   ``pool.commit`` (compared with greedy decoding);
 - ``replay fp8`` / ``replay nvfp4``: read copies for the outputs, fed the reference tokens
-  (teacher-forced) so that their logits compare step by step.
+  (teacher-forced) so that their logits compare step by step;
+- ``replay b=N`` (``--batch N``; 64 by default on CUDA): N prompts decoded at once with
+  transformers' cache and with a ReplayCache of N slots; rows with identical tokens, tokens/s.
 
 It prints one table (tokens identical, largest and median relative logit difference against
 the reference, recurrent-state bytes written per generated token, decode time) and writes a PNG
@@ -93,6 +95,26 @@ def decode_greedy(model, cache, routing, prompt: torch.Tensor, steps: int, tick,
 
 
 @torch.no_grad()
+def decode_batch(model, cache, routing, prompts: torch.Tensor, steps: int, tick) -> tuple[torch.Tensor, float]:
+    """Prefill ``prompts`` (int64 ``[B, L]``, one sequence per row), then decode ``steps`` greedy
+    tokens for every row, one forward per step. Returns (tokens int64 ``[B, steps]``, decode seconds)."""
+    out = []
+    with routing:
+        logits = model(prompts, past_key_values=cache, use_cache=True).logits[:, -1]
+        if prompts.is_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for s in range(steps):
+            out.append(logits.argmax(-1))
+            tick(1)
+            if s + 1 < steps:
+                logits = model(out[-1][:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+        tokens = torch.stack(out, 1).cpu()
+        seconds = time.perf_counter() - t0
+    return tokens, seconds
+
+
+@torch.no_grad()
 def decode_speculative(model, cache: ReplayCache, prompt: torch.Tensor, steps: int, tick,
                        draft=lookup_drafts) -> Run:
     """Greedy decoding with drafts: each forward verifies the last token plus up to
@@ -142,8 +164,10 @@ def next_token_kl(run: Run, ref: Run) -> torch.Tensor:
     return (lp_ref.exp() * (lp_ref - torch.log_softmax(run.logits.double(), -1))).sum(-1).float()
 
 
-def run_family(name: str, *, steps: int, window: int, drafts: int, device: str, seed: int, tick) -> list[dict]:
-    """Every mode for one model; one table row (a dict) per mode, with its per-step drift."""
+def run_family(name: str, *, steps: int, window: int, drafts: int, device: str, seed: int, tick,
+               batch: int = 1) -> list[dict]:
+    """Every mode for one model; one table row (a dict) per mode, with its per-step drift. With
+    ``batch`` > 1 also a batched greedy decode of ``batch`` prompts (transformers' cache vs replay)."""
     model = tiny_model(name, seed=seed, device=device)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(3, model.config.vocab_size, (1, PROMPT_LEN), generator=gen).to(device)
@@ -174,6 +198,18 @@ def run_family(name: str, *, steps: int, window: int, drafts: int, device: str, 
         rows.append(dict(family=name, mode=f"replay {fmt}", run=run, same=f"{agree}/{steps} (forced)",
                          drift=logit_drift(run, ref), kl=next_token_kl(run, ref),
                          notes="teacher-forced on the reference tokens"))
+    if batch > 1:
+        prompts = torch.randint(3, model.config.vocab_size, (batch, PROMPT_LEN), generator=gen).to(device)
+        ref_tokens, ref_seconds = decode_batch(model, DynamicCache(config=model.config), contextlib.nullcontext(),
+                                               prompts, steps, tick)
+        cache = ReplayCache(model, rs.ReplayConfig(window=window), batch_size=batch, backend="auto")
+        tokens, seconds = decode_batch(model, cache, cache.routing(), prompts, steps, tick)
+        same = int((tokens == ref_tokens).all(1).sum())
+        run = Run(tokens.flatten().tolist(), torch.empty(0), cache.state_bytes_written() / batch, seconds)
+        rows.append(dict(family=name, mode=f"replay b={batch}", run=run, kl=None, drift=None,
+                         same=f"{'yes' if same == batch else 'NO'} {same}/{batch} rows",
+                         notes=f"{batch * steps / seconds:,.0f} tok/s (transformers' cache "
+                               f"{batch * steps / ref_seconds:,.0f} tok/s)"))
     return rows
 
 
@@ -237,6 +273,8 @@ def main(argv=None) -> None:
     ap.add_argument("--window", type=int, default=16, help="replay window L")
     ap.add_argument("--drafts", type=int, default=4, help="most prompt-lookup drafts per verify")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=None,
+                    help="also decode this many prompts at once (default: 64 on cuda, none on cpu)")
     ap.add_argument("--plot", type=Path, default=None,
                     help="PNG path (default: docs/demo-<device>.png under the working directory)")
     args = ap.parse_args(argv)
@@ -250,6 +288,9 @@ def main(argv=None) -> None:
         ap.error(f"--device: {e}")
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device is available")
+    batch = args.batch if args.batch is not None else (64 if device.type == "cuda" else 1)
+    if batch < 1:
+        ap.error(f"--batch: expected >= 1, got {batch}")
 
     import transformers
     from tqdm import tqdm
@@ -259,15 +300,16 @@ def main(argv=None) -> None:
         torch.set_num_threads(1)  # tiny matrices: threads only contend for the cores
     plot_path = args.plot or Path("docs") / f"demo-{device.type}.png"
     rows = []
-    modes = 3 + len(READ_FORMATS)
+    modes = 3 + len(READ_FORMATS) + (2 if batch > 1 else 0)
     t0 = time.perf_counter()
     with tqdm(total=len(MODELS) * modes * args.steps, unit="tok", desc="decoding") as bar:
         for name in MODELS:
             bar.set_postfix_str(name)
             rows += run_family(name, steps=args.steps, window=args.window, drafts=args.drafts, device=args.device,
-                               seed=args.seed, tick=bar.update)
+                               seed=args.seed, tick=bar.update, batch=batch)
     total = time.perf_counter() - t0
-    print(f"{args.steps} greedy tokens per run after a {PROMPT_LEN}-token prompt, batch 1, fp32 models, "
+    batched = f" (and {batch} in the 'replay b={batch}' rows)" if batch > 1 else ""
+    print(f"{args.steps} greedy tokens per run after a {PROMPT_LEN}-token prompt, batch 1{batched}, fp32 models, "
           f"{device.type}, replayssm backend {rows[1]['backend']}; total {total:.1f} s")
     print(format_table(rows, args.steps))
     plot(rows, plot_path, f"replayssm on transformers' hybrid models, {device.type}, window {args.window}")
