@@ -87,6 +87,23 @@ def step_oracle(spec: rs.LayerSpec, state: torch.Tensor, inputs: dict):
     return delta_step_ref(state, inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], scale)
 
 
+def chain_oracle(spec: rs.LayerSpec, state: torch.Tensor, inputs: dict, n: int, T: int, scale: float):
+    """n rows of T tokens packed row-major as ``[n*T, ...]`` inputs through the step recurrence from
+    ``state [n, ...]``: (outputs ``[n, T, ...]``, the state after each token, ``T`` x ``[n, ...]``)."""
+    ys, states = [], []
+    for t in range(T):
+        rows = {name: x.view(n, T, *x.shape[1:])[:, t] for name, x in inputs.items()}
+        y, state = step_oracle(spec, state, dict(rows, scale=scale))
+        ys.append(y)
+        states.append(state)
+    return torch.stack(ys, 1), states
+
+
+def accepted_states(states: list, accepted) -> torch.Tensor:
+    """Each row's state after its ``accepted[i]`` (1-based) tokens, from :func:`chain_oracle`'s states."""
+    return torch.stack([states[acc - 1][i] for i, acc in enumerate(accepted)])
+
+
 def token(inputs: dict, t: int) -> dict:
     """Token t of verify inputs ``[n, T, ...]`` as decode inputs ``[n, ...]``."""
     return {k: (v if k in PER_LAYER or v is None else v[:, t]) for k, v in inputs.items()}

@@ -15,7 +15,7 @@ pytest.importorskip("sglang")
 
 import replayssm as rs  # noqa: E402
 from conftest import DEVICE  # noqa: E402
-from helpers import TOL, rms_ratio, step_oracle  # noqa: E402
+from helpers import TOL, accepted_states, chain_oracle, rms_ratio, step_oracle  # noqa: E402
 from replayssm.integrations.sglang import hooks, pool as replay_pool  # noqa: E402
 
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape  # noqa: E402
@@ -187,18 +187,13 @@ def test_gdn_verify_and_commit_through_sglangs_backend(server_args, backend):
                 assert out.shape == (1, 2 * T, HV, V)
                 ref = _gating(mixed, a, b, A_log[layer], dt_bias[layer])
                 ref["beta"] = torch.sigmoid(b.double())                    # the verify kernel does not round beta
-                ys, states, S = [], [], oracle[layer]
-                for t in range(T):
-                    rows = {name: x.view(2, T, *x.shape[1:])[:, t] for name, x in ref.items()}
-                    y, S = step_oracle(SPEC, S, dict(rows, scale=K ** -0.5))
-                    ys.append(y)
-                    states.append(S)
-                assert rms_ratio(out[0].view(2, T, HV, V), torch.stack(ys, 1)) < TOL["float32"]
+                ys, states = chain_oracle(SPEC, oracle[layer], ref, 2, T, K ** -0.5)
+                assert rms_ratio(out[0].view(2, T, HV, V), ys) < TOL["float32"]
                 candidates.append(states)
             backend.linear_attn_backend.forward_metadata = ForwardMetadata(
                 query_start_loc=torch.arange(3, dtype=torch.int32) * T, mamba_cache_indices=slots.to(torch.int32))
             backend.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, None, None, model=None)
-            oracle = [torch.stack([states[acc - 1][i] for i, acc in enumerate(accepted)]) for states in candidates]
+            oracle = [accepted_states(states, accepted) for states in candidates]
         for layer in range(len(LAYERS)):
             assert rms_ratio(mp.replay.read_state(layer, slots), oracle[layer]) < TOL["float32"]
         assert mp.replay.pending[:, slots.cpu()].eq(0).all()             # the host mirror

@@ -14,7 +14,7 @@ pytest.importorskip("sglang")
 
 import replayssm as rs  # noqa: E402
 from conftest import DEVICE  # noqa: E402
-from helpers import TOL, rms_ratio, step_oracle  # noqa: E402
+from helpers import TOL, accepted_states, chain_oracle, rms_ratio, step_oracle  # noqa: E402
 from replayssm.integrations.sglang import hooks, pool as replay_pool  # noqa: E402
 
 HK, HV, D = 2, 4, 16                       # Kimi-Linear: K = V = head_dim
@@ -158,18 +158,13 @@ def test_kda_verify_and_commit_through_sglangs_backend(server_args, backend, low
                     retrieve_parent_token=None, lower_bound=lower_bound)
                 assert out.shape == (1, 2 * T, HV, D)
                 ref = _gating(mixed, a, b, A_log[layer], dt_bias[layer], lower_bound)
-                ys, states, S = [], [], oracle[layer]
-                for t in range(T):
-                    rows = {name: x.view(2, T, *x.shape[1:])[:, t] for name, x in ref.items()}
-                    y, S = step_oracle(SPEC, S, dict(rows, scale=D ** -0.5))
-                    ys.append(y)
-                    states.append(S)
-                assert rms_ratio(out[0].view(2, T, HV, D), torch.stack(ys, 1)) < TOL["float32"]
+                ys, states = chain_oracle(SPEC, oracle[layer], ref, 2, T, D ** -0.5)
+                assert rms_ratio(out[0].view(2, T, HV, D), ys) < TOL["float32"]
                 candidates.append(states)
             hybrid.linear_attn_backend.forward_metadata = ForwardMetadata(
                 query_start_loc=torch.arange(3, dtype=torch.int32) * T, mamba_cache_indices=slots.to(torch.int32))
             hybrid.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, None, None, model=None)
-            oracle = [torch.stack([states[acc - 1][i] for i, acc in enumerate(accepted)]) for states in candidates]
+            oracle = [accepted_states(states, accepted) for states in candidates]
         for layer in range(len(LAYERS)):
             assert rms_ratio(mp.replay.read_state(layer, slots), oracle[layer]) < TOL["float32"]
         assert mp.replay.pending[:, slots.cpu()].eq(0).all()             # the host mirror
