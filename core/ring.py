@@ -19,7 +19,8 @@ def ring_buffers(spec: LayerSpec, cfg: ReplayConfig) -> dict[str, tuple[tuple[in
     """Per-slot ring buffers: name -> (shape ``[heads, capacity, ...]``, dtype).
 
     Every buffer holds raw inputs except the delta families' ``d``: the delta vector each token
-    got from the state its step read, cached for later steps' outputs and never folded.
+    got from the state its step read, cached for later steps' outputs (and folded by a flush
+    only when that state was the checkpoint itself: RING.md).
     """
     C, act, f32 = cfg.capacity, cfg.torch_ring_dtype, torch.float32
     if spec.family == "mamba2":

@@ -7,10 +7,11 @@ only its rows:
   ``u_t = S0ᵀ(e^{Γ_t} ⊙ k_t) + Σ_{j<t} c_tj d_j``, ``d_t = β_t (v_t - u_t)``,
   ``o_t = scale [S0ᵀ(e^{Γ_t} ⊙ q_t) + Σ_{j<=t} ĉ_tj d_j]`` with the d of earlier entries taken from
   the ring's d cache. The new d is cached for later steps' outputs; the state is not written.
-- the flush pass (``_delta_flush_kernel``) replays the committed window step by step from the
-  exact checkpoint using the raw inputs (k, v, g, beta; loads pipelined across entries), stores
-  the folded checkpoint and its read copy, then evaluates a verify's tokens from it. The cached
-  d never reaches the checkpoint.
+- the flush pass (``_delta_flush_kernel``) folds the committed window into the checkpoint,
+  stores it and its read copy, then evaluates a verify's tokens from it. With the checkpoint as
+  the read format the cached d are the recurrence's own and the history folds as one product;
+  behind an fp8 / NVFP4 read copy the window replays step by step from the raw inputs (k, v, g,
+  beta; loads pipelined across entries), so the copy's rounding never reaches the checkpoint.
 Cursors are only read. Derivation: README.md beside this file; reference: reference.py.
 """
 
@@ -42,9 +43,15 @@ def _delta_flush_kernel(
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
-    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr,
+    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr,
 ):
-    """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass."""
+    """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
+
+    With the checkpoint as the read format, the history's cached d were derived from this
+    checkpoint, so they are the recurrence's own d: the history folds as one product
+    ``S = e^{Γ_e} S0 + Wᵀ D`` (``W_j = e^{Γ_e - Γ_j} ⊙ k_j``, ``tl.dot`` at precision ``DOT``) and
+    only a decode's own token is stepped. Behind an fp8 / NVFP4 read copy the d carry its
+    rounding, so every committed entry is replayed from its raw inputs instead."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
@@ -66,13 +73,35 @@ def _delta_flush_kernel(
         else:
             rg = ring_g + (sl * HV + h) * capacity
 
-        # exact fold: replay the committed entries step by step on the fp32 checkpoint tile; each
-        # entry's raw inputs come from the ring (j < count) or this step's tokens, loaded branch-free
-        # so that the next entries' loads are in flight during this entry's update
         S = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)                       # [K, BV]
         n_fold = count + T if COMMITTED else count
+        if READ_FMT == READ_CHECKPOINT:
+            # the history's d came from this checkpoint: fold it as one product
+            hist = e < count
+            pos = (origin + e) % capacity
+            k_hist = tl.load(rk + pos[:, None] * K + ok[None, :], mask=hist[:, None], other=0.0).to(tl.float32)  # [BM, K]
+            d_hist = tl.load(rd + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :],
+                             other=0.0)                                                         # [BM, BV]
+            if PER_CHANNEL:
+                g_w = tl.load(rg + pos[:, None] * K + ok[None, :], mask=hist[:, None], other=0.0)       # [BM, K]
+                g_e = tl.sum(g_w, axis=0)                                                       # [K]
+                w_h = k_hist * tl.exp(g_e[None, :] - tl.cumsum(g_w, axis=0))
+                S = S * tl.exp(g_e)[:, None]
+            else:
+                g_w = tl.load(rg + pos, mask=hist, other=0.0)                                   # [BM]
+                g_e = tl.sum(g_w, axis=0)
+                w_h = k_hist * tl.exp(g_e - tl.cumsum(g_w, axis=0))[:, None]
+                S = S * tl.exp(g_e)
+            S += tl.dot(tl.trans(w_h), d_hist, input_precision=DOT)
+            j0 = count
+        else:
+            j0 = 0
+        # exact steps: the committed entries not folded above (all of them behind a read copy, else
+        # a decode's own token) replay on the checkpoint tile; each entry's raw inputs come from the
+        # ring (j < count) or this step's tokens, loaded branch-free so that the next entries' loads
+        # are in flight during this entry's update
         dj = tl.zeros([BV], dtype=tl.float32)
-        for j in tl.range(0, n_fold, num_stages=STAGES):
+        for j in tl.range(j0, n_fold, num_stages=STAGES):
             p = (origin + j) % capacity
             rj = j < count
             t = tl.maximum(j - count, 0)
