@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -260,12 +261,22 @@ class StatePool:
 
     def bytes_per_slot(self) -> dict[str, int]:
         """Bytes per slot and layer of checkpoint, read copy and ring."""
-        per = lambda bufs: sum(b[0, 0].numel() * b.element_size() for b in bufs)  # noqa: E731
-        return {
-            "checkpoint": self.spec.state_numel * self.checkpoint.element_size(),
-            "read_copy": per(self.read.values()),
-            "ring": per(self.ring.values()),
-        }
+        side = side_bytes_per_slot(self.spec, self.cfg)
+        return {"checkpoint": self.spec.state_numel * self.checkpoint.element_size(),
+                "read_copy": side["read_copy"], "ring": side["ring"]}
+
+
+def side_bytes_per_slot(spec: LayerSpec, cfg: ReplayConfig) -> dict[str, int]:
+    """Bytes per slot and layer that a pool keeps beside the checkpoint: ring, read copy, cursors.
+
+    A host that owns the checkpoint tensor and budgets its memory adds these per slot."""
+    def size(buffers):
+        return sum(math.prod(shape) * dtype.itemsize for shape, dtype in buffers.values())
+
+    heads, rows, cols = spec.read_rows_cols
+    read = {} if cfg.read_format == "checkpoint" else formats.read_copy_shapes(cfg.read_format, rows, cols)
+    return {"ring": size(ring.ring_buffers(spec, cfg)), "read_copy": heads * size(read),
+            "cursors": len(ring.CURSOR_FIELDS) * torch.int32.itemsize}
 
 
 def to_read_layout(spec: LayerSpec, state: torch.Tensor) -> torch.Tensor:

@@ -141,6 +141,22 @@ def test_bytes_per_slot():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("read_format", ["checkpoint", "fp8", "nvfp4"])
+def test_side_bytes_are_what_a_pool_allocates(family, read_format):
+    """The per-slot budget a host charges (side_bytes_per_slot) equals the pool's own buffers."""
+    from replayssm.pool import side_bytes_per_slot
+    spec = SPECS[family]
+    cfg = rs.ReplayConfig(window=8, max_draft_tokens=3, read_format=read_format, ring_dtype="bfloat16")
+    pool = rs.StatePool(spec, cfg, num_layers=2, num_slots=3)
+    per_slot = lambda bufs: sum(b[0, 0].numel() * b.element_size() for b in bufs)  # noqa: E731
+    side = side_bytes_per_slot(spec, cfg)
+    assert side["ring"] == per_slot(pool.ring.values()) > 0
+    assert side["read_copy"] == per_slot(pool.read.values())
+    assert side["read_copy"] > 0 if read_format != "checkpoint" else side["read_copy"] == 0
+    assert side["cursors"] == sum(c[0, 0].element_size() for c in pool.cursors.values())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_refresh_after_a_host_write(family):
     """The host overwrites a checkpoint itself (prefill, copy, load): refresh empties the ring of that
     layer only, re-derives the read copy bit for bit, and keeps the checkpoint bytes."""

@@ -181,7 +181,7 @@ def test_gdn_verify_and_commit_through_sglangs_backend(server_args, backend):
                     k=k.view(1, 2 * T, HK, K), v=v.view(1, 2 * T, HV, V), a=a, b=b,
                     ssm_states=req_pool.mamba2_layer_cache(layer_id).temporal, cache_indices=slots.to(torch.int32),
                     query_start_loc=torch.arange(3, dtype=torch.int32) * T,
-                    intermediate_states_buffer=mp.mamba_cache.intermediate_ssm[layer],
+                    intermediate_states_buffer=req_pool.mamba2_layer_cache(layer_id).intermediate_ssm,
                     intermediate_state_indices=torch.arange(2, dtype=torch.int32), cache_steps=T,
                     retrieve_parent_token=None, stable_rows=False)
                 assert out.shape == (1, 2 * T, HV, V)

@@ -153,7 +153,7 @@ def test_kda_verify_and_commit_through_sglangs_backend(server_args, backend, low
                     k=k.unflatten(-1, (-1, D)).unsqueeze(0), v=v.unflatten(-1, (-1, D)).unsqueeze(0), a=a, b=b,
                     ssm_states=req_pool.mamba2_layer_cache(layer_id).temporal, cache_indices=slots.to(torch.int32),
                     query_start_loc=torch.arange(3, dtype=torch.int32) * T,
-                    intermediate_states_buffer=mp.mamba_cache.intermediate_ssm[layer],
+                    intermediate_states_buffer=req_pool.mamba2_layer_cache(layer_id).intermediate_ssm,
                     intermediate_state_indices=torch.arange(2, dtype=torch.int32), cache_steps=T,
                     retrieve_parent_token=None, lower_bound=lower_bound)
                 assert out.shape == (1, 2 * T, HV, D)

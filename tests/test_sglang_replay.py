@@ -7,6 +7,8 @@ arguments ``MambaMixer2.forward`` builds; results are checked against the fp64 s
 for rings and cursors, bit-exactly against a standalone ``StatePool`` fed the same inputs.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -173,6 +175,69 @@ def test_pool_wraps_sglang_temporal_without_copy(replay_on):
     assert mp.replay.checkpoint.data_ptr() == temporal.data_ptr() and mp.replay.checkpoint.shape == temporal.shape
     assert mp.replay.num_slots == mp.size + 1 and mp.replay.num_layers == len(LAYERS)
     assert mp.replay.read["codes"].dtype == torch.float8_e4m3fn
+
+
+def test_no_per_draft_snapshots_are_allocated_under_replay():
+    from sglang.srt.mem_cache import memory_pool
+    plain = _req_pool(draft_tokens=3).mamba_pool               # SGLang's own pool: [layers, 9, 3, H, P, N] snapshots
+    assert tuple(plain.mamba_cache.intermediate_ssm.shape) == (len(LAYERS), 9, 3, H, P, N)
+    hooks.install(rs.ReplayConfig(window=4, ring_dtype="float32"))
+    try:
+        mp = _req_pool(draft_tokens=3).mamba_pool
+    finally:
+        hooks.uninstall()
+    assert memory_pool.torch is torch                         # the allocation guard is gone again
+    assert mp.mamba_cache.intermediate_ssm is None and mp.mamba2_layer_cache(0).intermediate_ssm is None
+    assert [tuple(w.shape) for w in mp.mamba_cache.intermediate_conv_window] == \
+        [tuple(w.shape) for w in plain.mamba_cache.intermediate_conv_window]   # conv rollback stays SGLang's
+    assert mp.replay.cfg.max_draft_tokens == 2
+
+
+def _mamba_budget(spec_algorithm, **server_fields):
+    """SGLang's own mamba pool sizing (``KVCacheConfigurator._handle_max_mamba_cache``) for this
+    file's cache parameters and 1 GiB, under a scoped config: (slots it sizes, the configurator)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.runtime_context import get_context, get_schedule
+
+    class Sizing(KVCacheConfigurator):          # the real method; no fused draft pool to price
+        def fused_entry_bytes(self, sub_pool_name):
+            return None
+
+    conf = object.__new__(Sizing)
+    conf.mambaish_config = SimpleNamespace(mamba2_cache_params=_cache_params())
+    conf.pp_size = conf.attn_dp_size = 1
+    conf.hybrid_gdn_config = conf.hybrid_kda_config = None
+    conf.extra_mamba_cache_bytes_per_req, conf.spec_algorithm = 0, spec_algorithm
+    with get_context().override_server_args(**server_fields):
+        conf._handle_max_mamba_cache(1.0)
+        return get_schedule().max_mamba_cache_size, conf
+
+
+def test_mamba_pool_budget_charges_the_ring_and_no_snapshots():
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from replayssm.pool import side_bytes_per_slot
+    plain, ngram = SpeculativeAlgorithm.NONE, SpeculativeAlgorithm.NGRAM
+    spec_fields = dict(speculative_num_draft_tokens=4, max_running_requests=8)
+    per_req = _cache_params().mamba_cache_per_req                  # conv + ssm state, every layer
+    slots_plain, _ = _mamba_budget(plain)
+    slots_spec, _ = _mamba_budget(ngram, **spec_fields)
+    assert slots_spec < slots_plain / 2                              # SGLang reserves per-draft snapshots
+    cfg = rs.ReplayConfig(window=4, read_format="fp8", ring_dtype="float32")
+    hooks.install(cfg)
+    try:
+        replay_plain, conf = _mamba_budget(plain)
+        replay_spec, _ = _mamba_budget(ngram, **spec_fields)
+    finally:
+        hooks.uninstall()
+    assert conf.extra_mamba_cache_bytes_per_req == 0 and conf.spec_algorithm is plain      # restored
+    budget = (slots_plain + 1) * per_req                             # what SGLang gives the mamba pool
+    for slots, drafts in ((replay_plain, 0), (replay_spec, 3)):
+        side = sum(side_bytes_per_slot(SPEC, dataclasses.replace(cfg, max_draft_tokens=drafts)).values())
+        per_slot = per_req + side * len(LAYERS)                      # ring, read copy, cursors charged
+        assert (slots + 1) * per_slot <= budget + per_req and budget < (slots + 2) * per_slot
+    assert replay_spec > slots_spec                                   # no snapshot reserve under replay
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])

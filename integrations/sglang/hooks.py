@@ -2,7 +2,8 @@
 
 | target | patch |
 |---|---|
-| ``HybridReqToTokenPool.mamba_pool_cls`` | ``ReplayMambaPool`` bound to the config (set explicitly: a class REPLACE of ``MambaPool`` would not reach this attribute) |
+| ``HybridReqToTokenPool.mamba_pool_cls`` | ``ReplayMambaPool`` bound to the config (set explicitly: a class REPLACE of ``MambaPool`` would not reach this attribute); it allocates no per-draft ``intermediate_ssm`` |
+| ``KVCacheConfigurator._handle_max_mamba_cache`` | the mamba pool's size budgets ring, read copy and cursors per slot and reserves no per-draft snapshots |
 | ``layers.attention.mamba.mamba.selective_state_update`` (``MambaMixer2``'s call sites) | replay decode / verify; a state outside a replay pool is refused |
 | ``MambaMixer2.forward`` | after a prefill wrote ``temporal``, reset those rows' rings and read copy |
 | ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
@@ -61,9 +62,12 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
     from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
     from sglang.srt.layers.attention.mamba import mamba as mamba_mod
     from sglang.srt.mem_cache import memory_pool
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 
     _patch(memory_pool.HybridReqToTokenPool, "mamba_pool_cls", pool.pool_class(cfg, backend))
+    _patch(KVCacheConfigurator, "_handle_max_mamba_cache",
+           pool.replay_budget(cfg, KVCacheConfigurator._handle_max_mamba_cache))
 
     _patch(mamba_mod, "selective_state_update", mamba2.replay_selective_state_update)
 

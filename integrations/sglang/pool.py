@@ -21,12 +21,15 @@ StatePool. Slot ``-1`` is SGLang's padding row, as in replayssm.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import weakref
 
 import torch
 
 from replayssm import LayerSpec, ReplayConfig, StatePool
+from replayssm.pool import side_bytes_per_slot
 
 _BY_STATE: dict[tuple[int, tuple[int, ...]], tuple[weakref.ref, int]] = {}
 
@@ -82,14 +85,24 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
                 if kwargs.get(flag):
                     raise ValueError(f"{flag}: SGLang's own replay cannot run beside replayssm; drop "
                                      f"--{flag.replace('_', '-')} and use --replay-ssm")
-            super().__init__(**kwargs)
+            drafts = kwargs.get("speculative_num_draft_tokens")
+            if drafts:
+                # per-draft full-state snapshots are never written or read under replay (verify appends
+                # to the ring, commit moves cursors): SGLang's allocation of them is skipped
+                params = kwargs["cache_params"]
+                snapshots = (len(kwargs["mamba_layer_ids"]), kwargs["spec_state_size"] + 1, drafts,
+                             *params.shape.temporal)
+                with _without_allocation(snapshots):
+                    super().__init__(**kwargs)
+                self.mamba_cache = dataclasses.replace(self.mamba_cache, intermediate_ssm=None)
+            else:
+                super().__init__(**kwargs)
             spec = layer_spec(kwargs["cache_params"])
             temporal = self.mamba_cache.temporal
             if temporal.dtype != cfg.torch_checkpoint_dtype:
                 raise ValueError(f"cache_params: SGLang stores the ssm state as {temporal.dtype}, replay checkpoint "
                                  f"dtype {cfg.checkpoint_dtype} needs {cfg.torch_checkpoint_dtype}; set "
                                  "--mamba-ssm-dtype accordingly (the launcher does)")
-            drafts = kwargs.get("speculative_num_draft_tokens")
             run_cfg = dataclasses.replace(cfg, max_draft_tokens=drafts - 1) if drafts else cfg
             self.replay = StatePool(spec, run_cfg, num_layers=temporal.shape[0], num_slots=temporal.shape[1],
                                     device=temporal.device, backend=backend, checkpoint=temporal,
@@ -116,6 +129,65 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
             self.replay.refresh(_slots(self.replay, indices))
 
     return ReplayMambaPool
+
+
+def replay_budget(cfg: ReplayConfig, handle):
+    """SGLang's ``KVCacheConfigurator._handle_max_mamba_cache`` (``handle``) for replay pools.
+
+    SGLang sizes its mamba pool from the bytes of conv and ssm state per slot, plus per-draft
+    snapshots when speculative decoding is on. Under replay each slot also holds the ring, read
+    copy and cursors of every layer (charged through the configurator's
+    ``extra_mamba_cache_bytes_per_req``, which SGLang adds per slot), and no snapshots exist (the
+    speculative reserve is skipped by sizing as for plain decoding). The pool SGLang then builds
+    is the pool it can afford."""
+    @functools.wraps(handle)
+    def _handle_max_mamba_cache(self, total_rest_memory):
+        from sglang.srt.runtime_context import max_speculative_num_draft_tokens
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        params = self.mambaish_config.mamba2_cache_params
+        drafts = None if self.spec_algorithm.is_none() else max_speculative_num_draft_tokens()
+        run_cfg = dataclasses.replace(cfg, max_draft_tokens=drafts - 1) if drafts else cfg
+        side = sum(side_bytes_per_slot(layer_spec(params), run_cfg).values()) * len(params.layers)
+        saved = self.extra_mamba_cache_bytes_per_req, self.spec_algorithm
+        self.extra_mamba_cache_bytes_per_req = saved[0] + side
+        self.spec_algorithm = SpeculativeAlgorithm.NONE
+        try:
+            return handle(self, total_rest_memory)
+        finally:
+            self.extra_mamba_cache_bytes_per_req, self.spec_algorithm = saved
+    return _handle_max_mamba_cache
+
+
+@contextlib.contextmanager
+def _without_allocation(shape: tuple[int, ...]):
+    """While SGLang's ``MambaPool.__init__`` runs: its module's ``torch.zeros`` of exactly ``shape``
+    (the per-draft ``intermediate_ssm`` snapshots) returns an empty placeholder instead of
+    allocating, and must do so exactly once. Every other name of ``torch`` there is torch's."""
+    from sglang.srt.mem_cache import memory_pool
+
+    skipped = []
+
+    class _Torch:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def zeros(*args, **kwargs):
+            size = kwargs.get("size", args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args)
+            if tuple(size) == shape:
+                skipped.append(size)
+                return torch.empty(0, dtype=kwargs.get("dtype"), device=kwargs.get("device"))
+            return torch.zeros(*args, **kwargs)
+
+    original, memory_pool.torch = memory_pool.torch, _Torch()
+    try:
+        yield
+    finally:
+        memory_pool.torch = original
+    if len(skipped) != 1:
+        raise RuntimeError(f"sglang MambaPool: expected one per-draft snapshot allocation of shape {list(shape)} "
+                           f"to skip, saw {len(skipped)}; this SGLang is not the 0.5.23 the plugin was written for")
 
 
 def _key(state: torch.Tensor) -> tuple[int, tuple[int, ...]]:
