@@ -21,18 +21,8 @@ import torch
 
 import replayssm
 
+from ..selective_state_update import step_inputs
 from . import pool as replay_pool
-
-
-def _per_head(name: str, t: torch.Tensor, keep: int) -> torch.Tensor:
-    """``t`` without its trailing broadcast axes: the view of its first ``keep`` axes at index 0 of
-    the rest, which must have stride 0 (per-head values expanded over P / N, as MambaMixer2 does)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dim() <= keep or any(s != 0 and n > 1 for s, n in zip(t.stride()[keep:], t.shape[keep:])):
-        raise ValueError(f"{name}: expected per-head values broadcast (stride 0) over the trailing axes, as "
-                         f"MambaMixer2 passes; got shape {list(t.shape)} strides {list(t.stride())}")
-    return t[(slice(None),) * keep + (0,) * (t.dim() - keep)]
 
 
 def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -66,29 +56,15 @@ def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias
         raise ValueError("state: not a layer of a ReplayMambaPool's temporal tensor; with replay on every Mamba-2 "
                          "state must come from HybridReqToTokenPool.mamba_pool_cls (other pool classes are not served)")
     owner, layer = found
-    if dt_softplus is not True:
-        raise ValueError(f"dt_softplus: replay applies softplus to dt + dt_bias; expected True, got {dt_softplus!r}")
     if pad_slot_id != -1:
         raise ValueError(f"pad_slot_id: expected -1 (replayssm's padded row), got {pad_slot_id!r}")
     if enable_stochastic_rounding or cache_philox_rounds:
         raise ValueError("enable_stochastic_rounding: SGLang's stochastic rounding cannot run under replay; use "
                          "--replay-checkpoint-dtype float16_sr")
-    if out is None:
-        raise ValueError("out: expected an output buffer like x (MambaMixer2 always passes one)")
-    if not isinstance(x, torch.Tensor) or x.dim() not in (3, 4):
-        raise ValueError(f"x: expected [n, H, P] or [n, T, H, P], got {getattr(x, 'shape', type(x).__name__)}")
-    is_verify = x.dim() == 4
-    if is_verify != bool(disable_state_update):
-        raise ValueError(f"disable_state_update: expected {is_verify} for x of shape {list(x.shape)} (a verify "
-                         "takes a token axis and writes no state; a decode has no token axis)")
-    if is_verify and cache_steps is not None and cache_steps != x.shape[1]:
-        raise ValueError(f"cache_steps: expected T = {x.shape[1]}, got {cache_steps!r}")
-    if state_batch_indices is None:
-        raise ValueError("state_batch_indices: expected int32/int64 [n] pool slots, got None")
+    is_verify, inputs = step_inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus=dt_softplus,
+                                    state_batch_indices=state_batch_indices, out=out,
+                                    disable_state_update=disable_state_update, cache_steps=cache_steps)
     slots = replay_pool._slots(owner.replay, state_batch_indices)
-    inputs = dict(x=x, dt=_per_head("dt", dt, x.dim() - 1), A=_per_head("A", A, 1), B=B, C=C, z=z,
-                  D=None if D is None else _per_head("D", D, 1),
-                  dt_bias=None if dt_bias is None else _per_head("dt_bias", dt_bias, 1))
     step = replayssm.verify if is_verify else replayssm.decode
     return step(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay), **inputs)
 
