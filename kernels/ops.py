@@ -147,8 +147,20 @@ def _log_first(key) -> None:
 
 
 def _window_block(capacity: int) -> int:
-    """Window entries a program holds: the ring capacity rounded up to a power of two >= 16."""
+    """Window entries a Mamba-2 program holds (history and a step's tokens in one block): the ring
+    capacity rounded up to a power of two >= 16."""
     return max(16, triton.next_power_of_2(capacity))
+
+
+def _history_block(capacity: int, window: int, T: int) -> int:
+    """Entries a delta program holds, a power of two >= 16: the committed history a flush folds
+    (``count <= max(L - 1, T_max)``, RING.md), which also covers a non-flushing decode's history and
+    own token (``count + 1 < L``), and a verify's ``T`` tokens. The Mamba-2 kernels hold history
+    and tokens in one block instead (``_window_block``).
+
+    ``T_max`` follows from the capacity ``C = max(L - 1, T_max) + T_max``."""
+    history = window - 1 if capacity <= 2 * (window - 1) else capacity // 2
+    return max(16, triton.next_power_of_2(max(history, capacity - history, T)))
 
 
 def _read_consts(read_format: int, cols: int) -> dict:
@@ -272,7 +284,7 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     _require("beta", beta, (n, T, HV))
     _require("out", out, (n, T, HV, V))
     codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_beta)
-    BM = _window_block(C_cap)
+    BM = _history_block(C_cap, window, T)
     const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BM=BM, COMMITTED=committed, PER_CHANNEL=per_channel,
                  CKPT_FMT=checkpoint_format, READ_FMT=read_format, **_read_consts(read_format, K))
     args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,

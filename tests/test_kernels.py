@@ -16,6 +16,7 @@ import replayssm as rs
 from helpers import SPECS, TOL, Params, f64, make_inputs, rms_ratio, step_oracle, token
 from shapes import MODEL_SPECS
 
+from replayssm.kernels import ops
 from replayssm.kernels.formats.triton import READ_CODES, load_read_words, word_values
 
 CUDA = torch.cuda.is_available()
@@ -28,6 +29,8 @@ CONFIGS = {
     "L1": dict(window=1),
     "L4": dict(window=4),
     "L16-d7": dict(window=16, max_draft_tokens=7),
+    "L17": dict(window=17),                       # a flush folds 16 entries: a full delta block
+    "L4-d16": dict(window=4, max_draft_tokens=16),  # a ring of 34: delta blocks of 32, verify TT 16
     "L4-d3-fp8": dict(window=4, max_draft_tokens=3, read_format="fp8"),
     "L8-d2-nvfp4-fp16sr": dict(window=8, max_draft_tokens=2, read_format="nvfp4", checkpoint_dtype="float16_sr"),
     "L4-d1-bf16": dict(window=4, max_draft_tokens=1, checkpoint_dtype="bfloat16", ring_dtype="bfloat16"),
@@ -100,6 +103,20 @@ def _pair_tol(cfg):
     if cfg.read_format != "checkpoint":
         return 5e-2
     return 2e-5 if cfg.checkpoint_dtype == "float32" else 1e-2
+
+
+def test_delta_history_block_holds_every_entry_a_step_touches():
+    """The delta kernels' entry block covers the longest committed history (RING.md: count <=
+    max(L - 1, T_max)), a non-flushing decode's history and token, and a verify's tokens; it is
+    never larger than the capacity's block."""
+    for window in range(1, 70):
+        for drafts in range(0, 40):
+            cfg = rs.ReplayConfig(window=window, max_draft_tokens=drafts)
+            history = max(window - 1, cfg.max_tokens)
+            for T in range(1, cfg.max_tokens + 1):
+                block = ops._history_block(cfg.capacity, window, T)
+                assert block >= history and block >= window - 1 and block >= T and block & (block - 1) == 0
+                assert block <= ops._window_block(cfg.capacity)
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))

@@ -207,14 +207,19 @@ def test_trtllm_aot_plan(family, mode, monkeypatch):
 
 def test_trtllm_aot_decode_plan_for_a_drafting_pool():
     """Qwen3.5 GDN, window 16, drafts of up to 3 tokens (T_max 4): the pool's ring holds
-    max(15, 4) + 4 = 19 entries, so its decode launches BM = 32; the AOT decode plan for that pool
-    must be the same specialization (a plan sized for T = 1 alone would have BM = 16, too small
-    when a small window meets many drafts)."""
+    max(15, 4) + 4 = 19 entries; the AOT decode plan for that pool must launch on that ring (a plan
+    sized for T = 1 alone would index a ring of 16) with the pool's history block. A small window
+    with many drafts (window 4, 16 drafts: T_max 17, history up to 17) needs a block of 32 where
+    the decode-only ring needs 16."""
     from replayssm.integrations.trtllm import aot
     from replayssm.kernels import ops
     pool_cfg = rs.ReplayConfig(window=16, max_draft_tokens=3)
     _, plan = aot.plan_for("qwen3.5", 1, "checkpoint", "float32", 16, max_draft_tokens=3)
-    assert plan[0].constexprs["BM"] == ops._window_block(pool_cfg.capacity) == 32
+    assert plan[0].args[-2] == pool_cfg.capacity == 19                     # the capacity argument
+    assert plan[0].constexprs["BM"] == ops._history_block(pool_cfg.capacity, 16, 1) == 16
+    _, small = aot.plan_for("qwen3.5", 1, "checkpoint", "float32", 4, max_draft_tokens=16)
+    _, alone = aot.plan_for("qwen3.5", 1, "checkpoint", "float32", 4)
+    assert small[0].constexprs["BM"] == 32 and alone[0].constexprs["BM"] == 16
     with pytest.raises(ValueError, match="max_draft_tokens"):
         aot.plan_for("qwen3.5", 4, "checkpoint", "float32", 16, max_draft_tokens=2)
 
