@@ -193,6 +193,37 @@ def test_no_per_draft_snapshots_are_allocated_under_replay():
     assert mp.replay.cfg.max_draft_tokens == 2
 
 
+@pytest.mark.parametrize("tp, heads, groups", [(1, 8, 4), (2, 4, 2), (4, 2, 1), (8, 1, 1)])
+def test_tensor_parallel_ranks_replay_their_own_heads(tp, heads, groups):
+    """SGLang shards the recurrent state by heads (its shape classes at ``tp_world_size``; Mamba-2
+    groups fewer than the ranks are replicated): each rank's replay layer is its own shard."""
+    from sglang.srt.configs.mamba_utils import KimiLinearCacheParams, KimiLinearStateShape
+    dtype = Mamba2StateDType(conv=torch.float32, temporal=torch.float32)
+    m2 = Mamba2StateShape.create(tp_world_size=tp, intermediate_size=8 * 6, n_groups=4, num_heads=8, head_dim=6,
+                                 state_size=16, conv_kernel=4)
+    gdn = Mamba2StateShape.create(tp_world_size=tp, intermediate_size=8 * 8, n_groups=4, num_heads=8, head_dim=8,
+                                  state_size=16, conv_kernel=4, conv_shard_groups=[4 * 16, 4 * 16, 8 * 8])
+    kda = KimiLinearStateShape.create(tp_world_size=tp, num_heads=8, head_dim=16, num_k_heads=8, head_k_dim=16,
+                                      conv_kernel_size=4)
+    assert replay_pool.layer_spec(Mamba2CacheParams(shape=m2, layers=LAYERS, dtype=dtype)) == \
+        rs.LayerSpec.mamba2(num_heads=heads, head_dim=6, state_dim=16, num_groups=groups)
+    assert replay_pool.layer_spec(Mamba2CacheParams(shape=gdn, layers=LAYERS, dtype=dtype)) == \
+        rs.LayerSpec.gdn(num_k_heads=groups, num_v_heads=heads, head_k_dim=16, head_v_dim=8)
+    assert replay_pool.layer_spec(KimiLinearCacheParams(shape=kda, layers=LAYERS, dtype=dtype)) == \
+        rs.LayerSpec.kda(num_k_heads=heads, num_v_heads=heads, head_k_dim=16, head_v_dim=16)
+    hooks.install(rs.ReplayConfig(window=4, ring_dtype="float32"))
+    try:
+        mp = HybridReqToTokenPool(size=4, mamba_size=3, mamba_spec_state_size=4, max_context_len=16, device=DEVICE,
+                                  enable_memory_saver=False, cache_params=Mamba2CacheParams(shape=m2, layers=LAYERS,
+                                                                                            dtype=dtype),
+                                  mamba_layer_ids=LAYERS, enable_mamba_extra_buffer=False).mamba_pool
+    finally:
+        hooks.uninstall()
+    assert tuple(mp.mamba_cache.temporal.shape[2:]) == (heads, 6, 16)
+    assert tuple(mp.replay.ring["x"].shape[2:]) == (heads, mp.replay.cfg.capacity, 6)
+    assert tuple(mp.replay.ring["B"].shape[2:]) == (groups, mp.replay.cfg.capacity, 16)
+
+
 def _mamba_budget(spec_algorithm, **server_fields):
     """SGLang's own mamba pool sizing (``KVCacheConfigurator._handle_max_mamba_cache``) for this
     file's cache parameters and 1 GiB, under a scoped config: (slots it sizes, the configurator)."""
