@@ -151,16 +151,30 @@ class StatePool:
             out[keep.to(self.device)] = self._backend().fold_committed(self, layer, host[keep])
         return out
 
-    def flush(self, slots: torch.Tensor) -> None:
+    def flush(self, slots: torch.Tensor, *, checked: bool = True) -> None:
         """Fold the committed ring of ``slots`` into the checkpoint in every layer (materialize).
 
         Afterwards the checkpoint is the state and the ring is empty; rows with an empty ring
         keep their checkpoint bytes. Refuses slots with an uncommitted verify.
+
+        On the triton backend the flush kernel folds on the device. ``checked=False`` (triton
+        backend) reads nothing on the host: ``slots`` (int64 on the pool's device, -1 = padding)
+        must then be distinct and have no uncommitted verify, which is not checked.
         """
+        if not checked:
+            self._require_unchecked()
+            check_slot_tensor(slots, self.device)
+            for layer in range(self.num_layers):
+                self._backend().flush(self, layer, slots)
+            return
         host = self._slots(slots)
         host = host[host >= 0]
         if bool((self.pending[:, host] > 0).any()):
             raise ValueError("slots: a slot has an uncommitted verify; commit before flush")
+        if self.backend == "triton":
+            for layer in range(self.num_layers):
+                self._backend().flush(self, layer, host.to(self.device))
+            return
         for layer in range(self.num_layers):
             count = self.cursors["count"][layer, host.to(self.device)].cpu()
             rows = host[count > 0]

@@ -49,6 +49,36 @@ def step(pool, layer: int, slots: torch.Tensor, host: torch.Tensor, inputs: dict
                 cfg.window, cfg.capacity, committed)
 
 
+def flush(pool, layer: int, slots: torch.Tensor) -> None:
+    """Fold the committed ring of ``slots`` (device, distinct, -1 = padding) into the checkpoint of
+    ``layer`` and re-derive its read copy, on the device: a flush-only step (T = 0) whose rows with
+    committed entries flush; cursors advance (``count = 0``). Reads no device value."""
+    spec, cfg = pool.spec, pool.cfg
+    read, count, origin, epoch = _layer_buffers(pool, layer)
+    ring = {k: v[layer] for k, v in pool.ring.items()}
+    fmt = dict(checkpoint_format=CKPT_CODES[cfg.checkpoint_dtype], read_format=READ_CODES[cfg.read_format],
+               sr_base=ops.sr_base(cfg.seed, layer))
+    n, act, dev = slots.numel(), cfg.torch_ring_dtype, pool.device
+    empty = lambda *shape, dtype=act: torch.empty(n, 0, *shape, dtype=dtype, device=dev)  # noqa: E731
+    if spec.family == "mamba2":
+        A = pool.layer_A[layer]
+        if A is None:                        # never stepped: nothing committed to fold
+            return
+        H, P, N, G = spec.num_heads, spec.head_dim, spec.state_dim, spec.num_groups
+        ops.mamba2_step(pool.checkpoint[layer], *read, ring["x"], ring["dt"], ring["B"], count, origin, epoch,
+                        slots, empty(H, P), empty(H, dtype=torch.float32), A.float(), empty(G, N),
+                        empty(G, N), None, None, None, empty(H, P), cfg.window, False, **fmt)
+    else:
+        HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
+        g = empty(HV, K, dtype=torch.float32) if spec.family == "kda" else empty(HV, dtype=torch.float32)
+        ops.delta_step(pool.checkpoint[layer], *read, ring["k"], ring["v"], ring["g"], ring["beta"], ring["d"],
+                       count, origin, epoch, slots, empty(HK, K), empty(HK, K), empty(HV, V), g,
+                       empty(HV, dtype=torch.float32), empty(HV, V), 1.0, cfg.window, False, **fmt)
+    cur = pool.cursors
+    ops.advance(cur["count"][layer], cur["origin"][layer], cur["pending"][layer], cur["epoch"][layer], slots, 0,
+                cfg.window, cfg.capacity, False)
+
+
 def store(pool, layer: int, host_rows: torch.Tensor, state: torch.Tensor) -> None:
     """Write fp32 ``state`` as the checkpoint of ``host_rows`` and refresh their read copy."""
     if host_rows.numel() == 0:

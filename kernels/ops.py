@@ -66,16 +66,19 @@ _PER_WORD_VERIFY = {0: 1, 1: 4, 2: 8}
 
 
 def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dict) -> list[tuple]:
-    """(kernel, rows per program, constexprs, warps, is the flush pass) of the two passes of a step.
+    """(kernel, rows per program, constexprs, warps, is the flush pass) of the two passes of a step
+    (of the flush pass alone for ``T = 0``: a flush-only launch, ``StatePool.flush`` on the device).
 
     ``kernels``: (decode, verify, flush) Triton functions of the family."""
     tiles = {**TILES["delta"], **TILES["kda"]} if family == "kda" else TILES[family]
-    tt = max(16, triton.next_power_of_2(T)) if T > 1 else 1
+    tt = max(16, triton.next_power_of_2(T)) if T != 1 else 1
     replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
-    flush = tiles["verify_flush" if T > 1 else "flush_replay" if replay else "flush"]
+    flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush"]
     if family == "mamba2":
         flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
-    if T > 1:
+    if T == 0:                                                        # flush-only: the flush pass alone
+        plan = [(kernels[2], flush)]
+    elif T > 1:
         pw = _PER_WORD_VERIFY[const["READ_FMT"]]
         ver = tiles["verify"]
         nc = min(cols, max(ver["chunk"], 16 * pw))
@@ -86,7 +89,7 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
         dec = tiles["decode" if pw == 1 else "read"]
         plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw)), (kernels[2], flush)]
     out = []
-    for (kernel, tile), flush_pass in zip(plan, (False, True)):
+    for (kernel, tile), flush_pass in zip(plan, (False, True)[2 - len(plan):]):
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
                                          ("STAGES", "stages"), ("DOT", "dot")) if t in tile}

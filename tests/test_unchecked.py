@@ -82,6 +82,54 @@ def test_unchecked_steps_equal_checked_steps_and_read_no_device_value(family):
     assert torch.equal(checked.checkpoint, free.checkpoint)
 
 
+@pytest.mark.parametrize("family, fmt", [("mamba2", {}), ("gdn", {}), ("kda", {}), ("gdn", dict(read_format="nvfp4")),
+                                         ("kda", dict(read_format="fp8", checkpoint_dtype="float16_sr")),
+                                         ("mamba2", dict(read_format="nvfp4", checkpoint_dtype="bfloat16"))])
+def test_unchecked_flush_folds_on_the_device_like_the_checked_flush(family, fmt):
+    """``flush(checked=False)``: the flush kernel alone (a T = 0 launch) folds every committed entry,
+    reading no device value; the state and what later steps compute match the host's flush."""
+    from replayssm.formats import quantize
+    from replayssm.pool import to_read_layout
+    spec, (checked, free), (sc, sf) = _pools(family, **fmt)
+    pad = lambda s: torch.stack((s[0], torch.tensor(-1, device=DEVICE), s[2], s[1]))  # noqa: E731
+    gen = torch.Generator().manual_seed(7)
+    params = Params(spec, 2, gen)
+    tol = 1e-5 if checked.cfg.checkpoint_dtype == "float32" else 2e-2
+
+    def run(steps):
+        for step in range(steps):
+            T = 3 if step == 1 else None
+            for layer in range(2):
+                inp = make_inputs(spec, params, layer, 3, T, gen, device=DEVICE)
+                fn = rs.decode if T is None else rs.verify
+                outs = [fn(pool, layer, slots, **inp) for pool, slots in ((checked, sc), (free, sf))]
+                assert (outs[1].float() - outs[0].float()).norm() <= 5e-2 * outs[0].float().norm()
+            if T is not None:
+                for pool, slots in ((checked, sc), (free, sf)):
+                    pool.commit(slots, torch.tensor([3, 1, 2], device=DEVICE).cpu())
+
+    run(3)
+    assert free.cursors["count"][:, sf].gt(0).any()           # there is something to fold
+    states = [free.read_state(layer, sf) for layer in range(2)]
+    checked.flush(sc)
+    with HostReads() as mode:
+        free.flush(pad(sf), checked=False)
+    assert mode.found == [], mode.found
+    for name in ("count", "pending", "epoch"):
+        assert torch.equal(checked.cursors[name], free.cursors[name]), name
+    assert free.cursors["count"][:, sf].eq(0).all()
+    for name in checked.ring:                                  # the flush appends nothing
+        assert torch.equal(checked.ring[name], free.ring[name]), name
+    for layer in range(2):
+        stored = free.checkpoint[layer, sf].float()
+        assert (stored - checked.checkpoint[layer, sc].float()).norm() <= tol * stored.norm()
+        assert (free.read_state(layer, sf) - states[layer]).norm() <= tol * states[layer].norm()
+        if free.read:
+            codes, _, _ = quantize(to_read_layout(spec, stored), free.cfg.read_format)
+            assert torch.equal(free.read["codes"][layer, sf].view(torch.uint8), codes.view(torch.uint8))
+    run(3)                                                     # and the steps after agree
+
+
 def test_host_reads_detector_sees_a_checked_step():
     spec, (pool, _), (slots, _) = _pools("gdn")
     inp = make_inputs(spec, Params(spec, 2, torch.Generator().manual_seed(1)), 0, 3, None,

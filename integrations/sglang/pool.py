@@ -116,12 +116,12 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
             self.replay.refresh(_slots(self.replay, indices))
 
         def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
-            self.replay.flush(_slots(self.replay, src_indices).unique())
+            self.replay.flush(_slots(self.replay, src_indices).unique(), checked=checked(self.replay))
             super().copy_from(src_indices, dst_indices)
             self.replay.refresh(_slots(self.replay, dst_indices))
 
         def get_cpu_copy(self, indices):
-            self.replay.flush(_slots(self.replay, indices).unique())
+            self.replay.flush(_slots(self.replay, indices).unique(), checked=checked(self.replay))
             return super().get_cpu_copy(indices)
 
         def load_cpu_copy(self, mamba_cache_cpu, indices):
@@ -204,10 +204,12 @@ def _slots(pool: StatePool, indices: torch.Tensor) -> torch.Tensor:
 
 
 def checked(pool: StatePool) -> bool:
-    """Whether steps on ``pool`` validate slot values on the host: only off the Triton backend.
+    """Whether steps, commits and flushes on ``pool`` validate slot values on the host: only off the
+    Triton backend.
 
     SGLang hands the kernels its own slot indices; on the Triton backend steps and commits run
-    with ``checked=False`` and read no device value (no synchronization per layer)."""
+    with ``checked=False`` and read no device value (no synchronization per layer); flushes too
+    (their slots are distinct: one finishing request, or ``unique()`` ones)."""
     return pool.backend != "triton"
 
 
@@ -246,4 +248,4 @@ def flush_for_tree(req_to_token_pool, mamba_pool_idx: torch.Tensor) -> None:
     owner = req_to_token_pool.mamba_pool
     if hasattr(owner, "replay"):
         slot = req_to_token_pool.translate_mamba_indices(mamba_pool_idx.view(1))
-        owner.replay.flush(_slots(owner.replay, slot))
+        owner.replay.flush(_slots(owner.replay, slot), checked=checked(owner.replay))

@@ -8,11 +8,18 @@ import triton.language as tl
 
 @triton.jit
 def row_route(slots, i, count_ptr, T: tl.constexpr, window):
-    """A step's row: ``(valid, slot clamped to >= 0, count, is_flush)`` (the flush rule of RING.md)."""
+    """A step's row: ``(valid, slot clamped to >= 0, count, is_flush)`` (the flush rule of RING.md).
+
+    ``T = 0`` is a flush-only launch (``StatePool.flush`` on the device): every row with committed
+    entries flushes."""
     slot = tl.load(slots + i)
     sl = tl.maximum(slot, 0)
     count = tl.load(count_ptr + sl)
-    return slot >= 0, sl, count, count + T >= window
+    if T == 0:
+        is_flush = count > 0
+    else:
+        is_flush = count + T >= window
+    return slot >= 0, sl, count, is_flush
 
 
 @triton.jit
@@ -26,7 +33,7 @@ def _advance_kernel(count_ptr, origin_ptr, pending_ptr, epoch_ptr, slots, n, num
     count = tl.load(count_ptr + s, mask=m, other=0)
     origin = tl.load(origin_ptr + s, mask=m, other=0)
     epoch = tl.load(epoch_ptr + s, mask=m, other=0)
-    flush = count + T >= window
+    flush = (count + T >= window) | ((T == 0) & (count > 0))       # T = 0: a flush-only launch
     if COMMITTED:
         folded = count + T
         new_count = tl.where(flush, 0, count + T)
@@ -34,7 +41,8 @@ def _advance_kernel(count_ptr, origin_ptr, pending_ptr, epoch_ptr, slots, n, num
         folded = count
         new_count = tl.where(flush, 0, count)
         tl.store(pending_ptr + s, tl.zeros_like(count) + T, mask=m)
-    tl.store(origin_ptr + s, tl.where(flush, (origin + folded) % capacity, origin), mask=m)
+    moved = tl.where(T == 0, 0, (origin + folded) % capacity)     # a flush-only launch resets, as the host
+    tl.store(origin_ptr + s, tl.where(flush, moved, origin), mask=m)
     tl.store(epoch_ptr + s, epoch + flush.to(tl.int32), mask=m)
     tl.store(count_ptr + s, new_count, mask=m)
 
