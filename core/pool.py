@@ -164,16 +164,16 @@ class StatePool:
         if not checked:
             self._require_unchecked()
             check_slot_tensor(slots, self.device)
-            for layer in range(self.num_layers):
-                self._backend().flush(self, layer, slots)
-            return
-        host = self._slots(slots)
-        host = host[host >= 0]
-        if bool((self.pending[:, host] > 0).any()):
-            raise ValueError("slots: a slot has an uncommitted verify; commit before flush")
+            rows = slots
+        else:
+            host = self._slots(slots)
+            host = host[host >= 0]
+            if bool((self.pending[:, host] > 0).any()):
+                raise ValueError("slots: a slot has an uncommitted verify; commit before flush")
+            rows = host.to(self.device)
         if self.backend == "triton":
             for layer in range(self.num_layers):
-                self._backend().flush(self, layer, host.to(self.device))
+                self._backend().flush(self, layer, rows)
             return
         for layer in range(self.num_layers):
             count = self.cursors["count"][layer, host.to(self.device)].cpu()

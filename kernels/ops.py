@@ -77,19 +77,19 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     if family == "mamba2":
         flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
     if T == 0:                                                        # flush-only: the flush pass alone
-        plan = [(kernels[2], flush)]
+        plan = []
     elif T > 1:
         pw = _PER_WORD_VERIFY[const["READ_FMT"]]
         ver = tiles["verify"]
         nc = min(cols, max(ver["chunk"], 16 * pw))
-        stream = dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=tt)
-        plan = [(kernels[1], stream), (kernels[2], flush)]
+        plan = [(kernels[1], dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=tt), False)]
     else:
         pw = _PER_WORD[const["READ_FMT"]]
         dec = tiles["decode" if pw == 1 else "read"]
-        plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw)), (kernels[2], flush)]
+        plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw), False)]
+    plan.append((kernels[2], flush, True))
     out = []
-    for (kernel, tile), flush_pass in zip(plan, (False, True)[2 - len(plan):]):
+    for kernel, tile, flush_pass in plan:
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
                                          ("STAGES", "stages"), ("DOT", "dot")) if t in tile}

@@ -103,8 +103,7 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
                 raise ValueError(f"cache_params: SGLang stores the ssm state as {temporal.dtype}, replay checkpoint "
                                  f"dtype {cfg.checkpoint_dtype} needs {cfg.torch_checkpoint_dtype}; set "
                                  "--mamba-ssm-dtype accordingly (the launcher does)")
-            run_cfg = dataclasses.replace(cfg, max_draft_tokens=drafts - 1) if drafts else cfg
-            self.replay = StatePool(spec, run_cfg, num_layers=temporal.shape[0], num_slots=temporal.shape[1],
+            self.replay = StatePool(spec, _with_drafts(cfg, drafts), num_layers=temporal.shape[0], num_slots=temporal.shape[1],
                                     device=temporal.device, backend=backend, checkpoint=temporal,
                                     state_layout="vk")
             self.replay.allocated.fill_(True)  # SGLang's MambaSlotAllocator owns the slots
@@ -131,6 +130,12 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
     return ReplayMambaPool
 
 
+def _with_drafts(cfg: ReplayConfig, drafts) -> ReplayConfig:
+    """``cfg`` for a pool whose verifies take up to ``drafts`` tokens (SGLang's
+    ``speculative_num_draft_tokens``, the bonus token included; None without speculation)."""
+    return dataclasses.replace(cfg, max_draft_tokens=drafts - 1) if drafts else cfg
+
+
 def replay_budget(cfg: ReplayConfig, handle):
     """SGLang's ``KVCacheConfigurator._handle_max_mamba_cache`` (``handle``) for replay pools.
 
@@ -147,8 +152,7 @@ def replay_budget(cfg: ReplayConfig, handle):
 
         params = self.mambaish_config.mamba2_cache_params
         drafts = None if self.spec_algorithm.is_none() else max_speculative_num_draft_tokens()
-        run_cfg = dataclasses.replace(cfg, max_draft_tokens=drafts - 1) if drafts else cfg
-        side = sum(side_bytes_per_slot(layer_spec(params), run_cfg).values()) * len(params.layers)
+        side = sum(side_bytes_per_slot(layer_spec(params), _with_drafts(cfg, drafts)).values()) * len(params.layers)
         saved = self.extra_mamba_cache_bytes_per_req, self.spec_algorithm
         self.extra_mamba_cache_bytes_per_req = saved[0] + side
         self.spec_algorithm = SpeculativeAlgorithm.NONE

@@ -361,8 +361,8 @@ def _delta_verify_kernel(
     ``U = S0ᵀ(e^{Γ_t} ⊙ k_t)``, ``R = S0ᵀ(e^{Γ_t} ⊙ q_t)`` ``[BV, TT]``; a second pass over the
     keys alone (``NWP`` channels at a time, so that its accumulators are not live while the state
     streams: the fused loop spilled) builds the decayed key products of history entries with the
-    tokens ``[BM, TT]`` and of tokens with tokens ``[TT, TT]``. Then the tokens' d solve forward (``d_t = β_t (v_t - U_t - Σ_e c_et d_e)``, T steps on
-    ``[BV]`` vectors), ``O = scale (R + D_hist C_q + D_tok N_q)``. KDA's per-channel decays enter
+    tokens ``[BM, TT]`` and of tokens with tokens ``[TT, TT]``. Then the tokens' d solve forward
+    (``d_t = β_t (v_t - U_t - Σ_e c_et d_e)``, T steps on ``[BV]`` vectors), ``O = scale (R + D_hist C_q + D_tok N_q)``. KDA's per-channel decays enter
     the products factored at the history's end (both factors <= 1) for history pairs, and
     pairwise for token pairs. Writes outputs, the tokens' d and ring entries only."""
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -429,7 +429,7 @@ def _delta_verify_kernel(
     HQ = tl.zeros([BM, TT], dtype=tl.float32)             # history entry e . token t (queries)
     NK = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (keys)
     NQ = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (queries)
-    tk = (jw < NWP)[:, None] & tmask[None, :]
+    tk = tmask[None, :]
     for c in tl.range(0, K // NWP):
         okc = c * NWP + jw                                                                    # [NWP]
         k_raw = tl.load(k + i * k_r + tt[None, :] * k_t + hk * k_h + okc[:, None], mask=tk, other=0.0)

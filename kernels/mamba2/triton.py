@@ -334,7 +334,7 @@ def _mamba2_verify_kernel(
     if READ_FMT != READ_CHECKPOINT:
         sc *= tl.load(rc_rs + head + op, mask=pmask, other=0.0)[:, None]
     # pass 2, B and C only (its accumulator is not live while the state streams: the fused loop
-    # spilled): the window's B_e . C_t; the tokens' B appended
+    # spilled): the window's B_e . C_t; the tokens' B (the window's new entries) appended
     bc = tl.zeros([BM, TT], dtype=tl.float32)
     for c in tl.range(0, N // NWP):
         on = c * NWP + jw                                                                   # [NWP]
@@ -344,8 +344,7 @@ def _mamba2_verify_kernel(
               + tl.load(B + i * b_r + tok_e[:, None] * b_t + g * b_g + on[None, :], mask=new[:, None],
                         other=0.0))                                                         # [BM, NWP]
         bc += tl.dot(Bw.to(tl.float32), Ct, input_precision=DOT)
-        Bt = tl.load(B + i * b_r + tt[:, None] * b_t + g * b_g + on[None, :], mask=tmask[:, None], other=0.0)
-        tl.store(rB + tpos[:, None] * N + on[None, :], Bt, mask=tmask[:, None] & append_B)
+        tl.store(rB + pos[:, None] * N + on[None, :], Bw, mask=new[:, None] & append_B)
     # window x (history from the ring, then the tokens), transposed [BP, BM]
     xw = (tl.load(rx + pos[None, :] * P + op[:, None], mask=hist[None, :] & pmask[:, None], other=0.0)
           + tl.load(x + i * x_r + tok_e[None, :] * x_t + h * x_h + op[:, None], mask=new[None, :] & pmask[:, None],
