@@ -1,7 +1,7 @@
 """Tile sweep: candidate ``ops.TILES`` entries timed at one batch, one table per tile kind.
 
     python benchmarks/sweep_tiles.py [--batch 256] [--models nemotron-h,qwen3.5,kimi-linear]
-                                     [--kinds decode,read,verify,flush,flush_read]
+                                     [--kinds decode,read,verify,flush,flush_replay]
 
 Per model and kind, each candidate's step time, and the largest output difference from the first
 candidate (the candidates must agree):
@@ -9,9 +9,8 @@ candidate (the candidates must agree):
 - read: the same with an NVFP4 read copy;
 - verify: a T = 8 verify without flush (w = 16 - 1 - 8), ring sized for 8 tokens;
 - flush: the flush step (fp32 checkpoint, NVFP4 read copy, and with the ring sized for 8 tokens);
-  for GDN / KDA the NVFP4 column runs the `flush_read` tile, not the candidate;
-- flush_read (GDN / KDA): the flush step behind an NVFP4 read copy (`solve`: the history's d
-  solved from the checkpoint and folded; else the window replays entry by entry).
+  for GDN / KDA the NVFP4 column runs the `flush_replay` tile, not the candidate;
+- flush_replay (GDN / KDA): the flush step behind an NVFP4 read copy (the window replays).
 Decode, read and flush size the ring for decode only (no draft tokens), as bench_decode does,
 except the flush's spec-ring column.
 The chosen entries go into ``ops.TILES`` by hand.
@@ -45,27 +44,26 @@ CANDIDATES = {
                   dict(rows=32, num_warps=4, chunk=32, stages=2, dot="tf32x3")],
     },
     "delta": {
-        "decode": [dict(rows=64, num_warps=1, chunk=32, stages=3), dict(rows=64, num_warps=2, chunk=32, stages=3)],
+        "decode": [dict(rows=64, num_warps=1, chunk=32, stages=3), dict(rows=64, num_warps=1, chunk=64, stages=3),
+                   dict(rows=64, num_warps=1, chunk=64, stages=2), dict(rows=64, num_warps=2, chunk=64, stages=3),
+                   dict(rows=32, num_warps=1, chunk=64, stages=3), dict(rows=128, num_warps=2, chunk=64, stages=2)],
         "read": [dict(rows=64, num_warps=1, chunk=32, stages=3), dict(rows=64, num_warps=2, chunk=64, stages=2),
                  dict(rows=64, num_warps=4, chunk=128, stages=1), dict(rows=128, num_warps=2, chunk=64, stages=2)],
         "verify": [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=128, num_warps=8, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
-        "flush": [dict(rows=32, num_warps=4, stages=2, dot="tf32x3", solve=True),
-                  dict(rows=16, num_warps=1, stages=2, dot="tf32x3", solve=True),
-                  dict(rows=32, num_warps=2, stages=2, dot="tf32x3", solve=True)],
-        "flush_read": [dict(rows=32, num_warps=4, stages=2, dot="tf32x3", solve=True),
-                       dict(rows=32, num_warps=8, stages=2, dot="tf32x3", solve=True),
-                       dict(rows=64, num_warps=8, stages=2, dot="tf32x3", solve=True),
-                       dict(rows=32, num_warps=2, stages=2, dot="tf32x3", solve=False)],
+        "flush": [dict(rows=32, num_warps=2, stages=2, dot="tf32x3"), dict(rows=32, num_warps=4, stages=2, dot="tf32x3"),
+                  dict(rows=64, num_warps=4, stages=2, dot="tf32x3"), dict(rows=16, num_warps=1, stages=2, dot="tf32x3")],
+        "flush_replay": [dict(rows=32, num_warps=2, stages=2, dot="tf32x3"),
+                         dict(rows=32, num_warps=4, stages=2, dot="tf32x3")],
     },
 }
 # kind -> (read formats, tokens, fill); the flush is also timed with the ring sized for 8 tokens
 SETUPS = {"decode": (["checkpoint", "fp8"], 1, 7), "read": (["nvfp4"], 1, 7),
           "verify": (["checkpoint", "nvfp4"], VERIFY_T, WINDOW - 1 - VERIFY_T),
           "flush": (["checkpoint", "nvfp4", "checkpoint spec-ring"], 1, WINDOW - 1),
-          "flush_read": (["nvfp4"], 1, WINDOW - 1)}
+          "flush_replay": (["nvfp4"], 1, WINDOW - 1)}
 
 
 def _time(spec, batch, read_format, T, fill):
@@ -88,7 +86,7 @@ def sweep(name, batch, kinds):
     saved = {k: dict(v) for k, v in table.items()}
     print(f"\n{name} batch {batch} (tiles now {saved})")
     for kind in kinds:
-        if kind not in CANDIDATES[fam]:          # flush_read is the delta families' only
+        if kind not in CANDIDATES[fam]:          # flush_replay is the delta families' only
             continue
         formats, T, fill = SETUPS[kind]
         print(f"{kind:>7}: " + " ".join(f"{f + ' us':>14}" for f in formats) + f" {'max |dy|':>9}  tile")
@@ -113,7 +111,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--models", default="nemotron-h,qwen3.5,kimi-linear")
-    ap.add_argument("--kinds", default="decode,read,verify,flush,flush_read")
+    ap.add_argument("--kinds", default="decode,read,verify,flush,flush_replay")
     args = ap.parse_args()
     for name in args.models.split(","):
         sweep(name, args.batch, args.kinds.split(","))

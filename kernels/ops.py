@@ -37,12 +37,10 @@ _compiled: set = set()
 # rows: P (Mamba-2) or V (delta) per program; decode streams the state (or fp8 read copy) in
 # `chunk`-column pieces through a `stages`-deep pipeline (`read`: the same for NVFP4); flush is the decode flush pass
 # (Mamba-2: streamed in `chunk`-column pieces like decode; delta `stages`: its replay loop's pipeline
-# depth, `dot`: its fold's precision; `flush_read`: the delta flush behind an fp8 / NVFP4 read copy,
-# whose cached d carry the copy's rounding: `solve` re-derives the history's d from the checkpoint
-# (two tl.dot products and a forward substitution) and folds them, else the window replays entry by
-# entry); verify streams the state once for T > 1 tokens (chunk raised to 16 words for tl.dot;
-# smaller states pad with zero words; `dot`: the products' precision); verify_flush is its flush
-# pass.
+# depth, `dot`: its cached-d fold's precision; `flush_replay`: the delta flush behind an fp8 / NVFP4 read
+# copy, which replays the window instead of folding the cached d); verify streams the state once for
+# T > 1 tokens (chunk raised to 16 words for tl.dot; smaller states pad with zero words; `dot`: the
+# products' precision); verify_flush is its flush pass.
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3),
                "read": dict(rows=64, num_warps=2, chunk=64, stages=2),
@@ -51,12 +49,12 @@ TILES = {
                "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
     "delta": {"decode": dict(rows=64, num_warps=1, chunk=32, stages=3),
               "read": dict(rows=64, num_warps=1, chunk=32, stages=3),
-              "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", solve=True),
-              "flush_read": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", solve=True),
+              "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3"),
+              "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3"),
               "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-              "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3", solve=True)},
+              "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3")},
     "kda": {"read": dict(rows=128, num_warps=2, chunk=64, stages=2),
-            "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", solve=True),
+            "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3"),
             "verify": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }
 # codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
@@ -73,8 +71,8 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     ``kernels``: (decode, verify, flush) Triton functions of the family."""
     tiles = {**TILES["delta"], **TILES["kda"]} if family == "kda" else TILES[family]
     tt = max(16, triton.next_power_of_2(T)) if T != 1 else 1
-    behind = "flush_read" in tiles and const["READ_FMT"] != 0        # delta behind a read copy
-    flush = tiles["verify_flush" if T != 1 else "flush_read" if behind else "flush"]
+    replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
+    flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush"]
     if family == "mamba2":
         flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
     if T == 0:                                                        # flush-only: the flush pass alone
@@ -93,7 +91,7 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     for kernel, tile, flush_pass in plan:
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
-                                         ("STAGES", "stages"), ("DOT", "dot"), ("SOLVE", "solve")) if t in tile}
+                                         ("STAGES", "stages"), ("DOT", "dot")) if t in tile}
         out.append((kernel, block, {**const, **extra}, tile["num_warps"], flush_pass))
     return out
 

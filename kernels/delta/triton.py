@@ -10,7 +10,7 @@ only its rows:
 - the flush pass (``_delta_flush_kernel``) folds the committed window into the checkpoint,
   stores it and its read copy, then evaluates a verify's tokens from it. With the checkpoint as
   the read format the cached d are the recurrence's own and the history folds as one product;
-  behind an fp8 / NVFP4 read copy the history's d are solved from the checkpoint (SOLVE) or the window replays step by step from the raw inputs (k, v, g,
+  behind an fp8 / NVFP4 read copy the window replays step by step from the raw inputs (k, v, g,
   beta; loads pipelined across entries), so the copy's rounding never reaches the checkpoint.
 Cursors are only read. Derivation: README.md beside this file; reference: reference.py.
 """
@@ -43,7 +43,7 @@ def _delta_flush_kernel(
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
-    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr, SOLVE: tl.constexpr,
+    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr,
 ):
     """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
 
@@ -75,53 +75,22 @@ def _delta_flush_kernel(
 
         S = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)                       # [K, BV]
         n_fold = count + T if COMMITTED else count
-        if (READ_FMT == READ_CHECKPOINT) | SOLVE:
+        if READ_FMT == READ_CHECKPOINT:
+            # the history's d came from this checkpoint: fold it as one product
             hist = e < count
             pos = (origin + e) % capacity
             k_hist = tl.load(rk + pos[:, None] * K + ok[None, :], mask=hist[:, None], other=0.0).to(tl.float32)  # [BM, K]
+            d_hist = tl.load(rd + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :],
+                             other=0.0)                                                         # [BM, BV]
             if PER_CHANNEL:
                 g_w = tl.load(rg + pos[:, None] * K + ok[None, :], mask=hist[:, None], other=0.0)       # [BM, K]
-                gam = tl.cumsum(g_w, axis=0)                                                    # Γ_j, [BM, K]
-            else:
-                g_w = tl.load(rg + pos, mask=hist, other=0.0)                                   # [BM]
-                gam = tl.cumsum(g_w, axis=0)
-            if READ_FMT == READ_CHECKPOINT:
-                # the history's d came from this checkpoint: they are the recurrence's own
-                d_hist = tl.load(rd + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :],
-                                 other=0.0)                                                     # [BM, BV]
-            else:
-                # behind a read copy the cached d carry its rounding: solve the history's d from this
-                # checkpoint, d_j = β_j (v_j - U_j - Σ_{i<j} c_ji d_i), U_j = (e^{Γ_j} S0)ᵀ k_j
-                v_hist = tl.load(rv + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :],
-                                 other=0.0).to(tl.float32)                                      # [BM, BV]
-                b_hist = tl.load(rbeta + pos, mask=hist, other=0.0)                             # [BM]
-                if PER_CHANNEL:
-                    U = tl.dot(k_hist * tl.exp(gam), S, input_precision=DOT)                    # [BM, BV]
-                else:
-                    U = tl.dot(k_hist, S, input_precision=DOT) * tl.exp(gam)[:, None]
-                Ub = b_hist[:, None] * (v_hist - U)
-                d_hist = tl.zeros([BM, BV], dtype=tl.float32)
-                # c_ji = (e^{Γ_j - Γ_i} ⊙ k_i) . k_j: the earlier keys decay in w_k entry by entry
-                w_k = tl.zeros([BM, K], dtype=tl.float32)
-                for j in range(0, count):
-                    sel = (e == j)[:, None]
-                    kj = tl.sum(tl.where(sel, k_hist, 0.0), axis=0)                             # [K]
-                    if PER_CHANNEL:
-                        w_k = w_k * tl.exp(tl.sum(tl.where(sel, g_w, 0.0), axis=0))[None, :]
-                    else:
-                        w_k = w_k * tl.exp(tl.sum(tl.where(e == j, g_w, 0.0), axis=0))
-                    cj = tl.sum(w_k * kj[None, :], axis=1)                                      # [BM], 0 for i >= j
-                    bj = tl.sum(tl.where(e == j, b_hist, 0.0), axis=0)
-                    dj = tl.sum(tl.where(sel, Ub, 0.0), axis=0) - bj * tl.sum(cj[:, None] * d_hist, axis=0)
-                    d_hist = tl.where(sel, dj[None, :], d_hist)
-                    w_k = tl.where(sel, kj[None, :], w_k)
-            # fold: S = e^{Γ_e} S0 + Wᵀ D, W_j = e^{Γ_e - Γ_j} ⊙ k_j
-            g_e = tl.sum(g_w, axis=0)
-            if PER_CHANNEL:
-                w_h = k_hist * tl.exp(g_e[None, :] - gam)
+                g_e = tl.sum(g_w, axis=0)                                                       # [K]
+                w_h = k_hist * tl.exp(g_e[None, :] - tl.cumsum(g_w, axis=0))
                 S = S * tl.exp(g_e)[:, None]
             else:
-                w_h = k_hist * tl.exp(g_e - gam)[:, None]
+                g_w = tl.load(rg + pos, mask=hist, other=0.0)                                   # [BM]
+                g_e = tl.sum(g_w, axis=0)
+                w_h = k_hist * tl.exp(g_e - tl.cumsum(g_w, axis=0))[:, None]
                 S = S * tl.exp(g_e)
             S += tl.dot(tl.trans(w_h), d_hist, input_precision=DOT)
             j0 = count
