@@ -47,7 +47,7 @@ TILES = {
                "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3"),
                "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
                "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
-    "delta": {"decode": dict(rows=64, num_warps=1, chunk=32, stages=3),
+    "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2),
               "read": dict(rows=64, num_warps=1, chunk=32, stages=3),
               "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3"),
               "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3"),
