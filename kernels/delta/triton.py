@@ -358,11 +358,10 @@ def _delta_verify_kernel(
 
     One pass over the state (or read copy) in ``NC``-channel chunks builds, with ``tl.dot`` at
     precision ``DOT`` ("ieee" fp32 or "tf32x3", fp32-accurate on tensor cores):
-    ``U = S0ᵀ(e^{Γ_t} ⊙ k_t)``, ``R = S0ᵀ(e^{Γ_t} ⊙ q_t)`` ``[BV, TT]``; a second pass over the
-    keys alone (``NWP`` channels at a time, so that its accumulators are not live while the state
-    streams: the fused loop spilled) builds the decayed key products of history entries with the
-    tokens ``[BM, TT]`` and of tokens with tokens ``[TT, TT]``. Then the tokens' d solve forward
-    (``d_t = β_t (v_t - U_t - Σ_e c_et d_e)``, T steps on ``[BV]`` vectors), ``O = scale (R + D_hist C_q + D_tok N_q)``. KDA's per-channel decays enter
+    ``U = S0ᵀ(e^{Γ_t} ⊙ k_t)``, ``R = S0ᵀ(e^{Γ_t} ⊙ q_t)`` ``[BV, TT]``, the decayed key
+    products of history entries with the tokens ``[BM, TT]`` and of tokens with tokens ``[TT, TT]``.
+    Then the tokens' d solve forward (``d_t = β_t (v_t - U_t - Σ_e c_et d_e)``, T steps on
+    ``[BV]`` vectors), ``O = scale (R + D_hist C_q + D_tok N_q)``. KDA's per-channel decays enter
     the products factored at the history's end (both factors <= 1) for history pairs, and
     pairwise for token pairs. Writes outputs, the tokens' d and ring entries only."""
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -392,12 +391,15 @@ def _delta_verify_kernel(
         g_tok = tl.load(g + i * g_r + tt * g_t + h, mask=tmask, other=0.0).to(tl.float32)       # [TT]
         gam_h = tl.cumsum(g_h, axis=0)                                                        # [BM]
         gam_t = tl.sum(g_h, axis=0) + tl.cumsum(g_tok, axis=0)                                # [TT]
-    # pass 1, over the state: U = S0ᵀ(e^{Γ_t} ⊙ k_t), R = S0ᵀ(e^{Γ_t} ⊙ q_t)
+    d_h = tl.load(rd + pos[None, :] * V + ov[:, None], mask=hist[None, :] & vmask[:, None], other=0.0)  # [BV, BM]
     U = tl.zeros([BV, TT], dtype=tl.float32)
     R = tl.zeros([BV, TT], dtype=tl.float32)
+    HK_ = tl.zeros([BM, TT], dtype=tl.float32)            # history entry e . token t (keys)
+    HQ = tl.zeros([BM, TT], dtype=tl.float32)             # history entry e . token t (queries)
+    NK = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (keys)
+    NQ = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (queries)
     jw = tl.arange(0, NWP)
     wmask = jw < NC // RC_PW
-    tw = wmask[:, None] & tmask[None, :]
     for c in tl.range(0, K // NC, num_stages=STAGES):
         if READ_FMT == READ_CHECKPOINT:
             tile = tl.load(ckpt + sl * c_s + h * c_h + (c * NC + jw)[None, :] * c_k + ov[:, None] * c_v,
@@ -410,58 +412,41 @@ def _delta_verify_kernel(
             S0 = word_values(tile, w, READ_FMT)                                               # [BV, NWP]
             if READ_FMT != READ_CHECKPOINT:
                 S0 = S0 * bscale
-            kT = tl.load(k + i * k_r + tt[None, :] * k_t + hk * k_h + okc[:, None], mask=tw,
-                         other=0.0).to(tl.float32)                                            # [NWP, TT]
+            tw = wmask[:, None] & tmask[None, :]
+            k_raw = tl.load(k + i * k_r + tt[None, :] * k_t + hk * k_h + okc[:, None], mask=tw, other=0.0)
+            kT = k_raw.to(tl.float32)                                                         # [NWP, TT]
             qT = tl.load(q + i * q_r + tt[None, :] * q_t + hk * q_h + okc[:, None], mask=tw, other=0.0).to(tl.float32)
+            kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None] & wmask[None, :],
+                         other=0.0).to(tl.float32)                                            # [BM, NWP]
             if PER_CHANNEL:
                 gh = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None] & wmask[None, :], other=0.0)
                 gT = tl.load(g + i * g_r + tt[None, :] * g_t + h * g_h + okc[:, None], mask=tw,
                              other=0.0).to(tl.float32)                                        # [NWP, TT]
-                fac = tl.exp(tl.cumsum(gT, axis=1)) * tl.exp(tl.sum(gh, axis=0))[:, None]    # e^{Γ_t}, <= 1
-                U += tl.dot(S0, kT * fac, input_precision=DOT)
-                R += tl.dot(S0, qT * fac, input_precision=DOT)
+                gc = tl.sum(gh, axis=0)                                                       # [NWP] history total
+                gam_T = tl.cumsum(gT, axis=1)                                                 # [NWP, TT] after gc
+                f_t = tl.exp(gam_T)                                                           # <= 1
+                kh_s = kh * tl.exp(gc[None, :] - tl.cumsum(gh, axis=0))                       # <= 1 factors
+                U += tl.dot(S0, kT * (f_t * tl.exp(gc)[:, None]), input_precision=DOT)
+                R += tl.dot(S0, qT * (f_t * tl.exp(gc)[:, None]), input_precision=DOT)
+                HK_ += tl.dot(kh_s, kT * f_t, input_precision=DOT)
+                HQ += tl.dot(kh_s, qT * f_t, input_precision=DOT)
+                for s in tl.static_range(T):
+                    sel = (tt == s)[None, :]
+                    k_s = tl.sum(tl.where(sel, kT, 0.0), axis=1)                              # [NWP]
+                    g_s = tl.sum(tl.where(sel, gam_T, 0.0), axis=1)
+                    dec = tl.where((tt >= s)[None, :], tl.exp(tl.minimum(gam_T - g_s[:, None], 0.0)), 0.0)
+                    NK += tl.where((tt == s)[:, None], tl.sum(dec * (k_s[:, None] * kT), axis=0)[None, :], 0.0)
+                    NQ += tl.where((tt == s)[:, None], tl.sum(dec * (k_s[:, None] * qT), axis=0)[None, :], 0.0)
+                tl.store(rg + tpos[None, :] * K + okc[:, None], gT, mask=tw & active & (pid_v == 0))
             else:
+                kS = tl.trans(kT)                                                             # [TT, NWP]
                 U += tl.dot(S0, kT, input_precision=DOT)
                 R += tl.dot(S0, qT, input_precision=DOT)
-    # pass 2, keys only (its accumulators are not live during pass 1): the decayed products of
-    # history entries with the tokens and of tokens with tokens; the tokens' k (and KDA g) appended
-    HK_ = tl.zeros([BM, TT], dtype=tl.float32)            # history entry e . token t (keys)
-    HQ = tl.zeros([BM, TT], dtype=tl.float32)             # history entry e . token t (queries)
-    NK = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (keys)
-    NQ = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (queries)
-    tk = tmask[None, :]
-    for c in tl.range(0, K // NWP):
-        okc = c * NWP + jw                                                                    # [NWP]
-        k_raw = tl.load(k + i * k_r + tt[None, :] * k_t + hk * k_h + okc[:, None], mask=tk, other=0.0)
-        kT = k_raw.to(tl.float32)                                                             # [NWP, TT]
-        qT = tl.load(q + i * q_r + tt[None, :] * q_t + hk * q_h + okc[:, None], mask=tk, other=0.0).to(tl.float32)
-        kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0).to(tl.float32)  # [BM, NWP]
-        if PER_CHANNEL:
-            gh = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0)
-            gT = tl.load(g + i * g_r + tt[None, :] * g_t + h * g_h + okc[:, None], mask=tk,
-                         other=0.0).to(tl.float32)                                            # [NWP, TT]
-            gc = tl.sum(gh, axis=0)                                                           # [NWP] history total
-            gam_T = tl.cumsum(gT, axis=1)                                                     # [NWP, TT] after gc
-            f_t = tl.exp(gam_T)                                                               # <= 1
-            kh_s = kh * tl.exp(gc[None, :] - tl.cumsum(gh, axis=0))                           # <= 1 factors
-            HK_ += tl.dot(kh_s, kT * f_t, input_precision=DOT)
-            HQ += tl.dot(kh_s, qT * f_t, input_precision=DOT)
-            for s in tl.static_range(T):
-                sel = (tt == s)[None, :]
-                k_s = tl.sum(tl.where(sel, kT, 0.0), axis=1)                                  # [NWP]
-                g_s = tl.sum(tl.where(sel, gam_T, 0.0), axis=1)
-                dec = tl.where((tt >= s)[None, :], tl.exp(tl.minimum(gam_T - g_s[:, None], 0.0)), 0.0)
-                NK += tl.where((tt == s)[:, None], tl.sum(dec * (k_s[:, None] * kT), axis=0)[None, :], 0.0)
-                NQ += tl.where((tt == s)[:, None], tl.sum(dec * (k_s[:, None] * qT), axis=0)[None, :], 0.0)
-            tl.store(rg + tpos[None, :] * K + okc[:, None], gT, mask=tk & active & (pid_v == 0))
-        else:
-            kS = tl.trans(kT)                                                                 # [TT, NWP]
-            HK_ += tl.dot(kh, kT, input_precision=DOT)
-            HQ += tl.dot(kh, qT, input_precision=DOT)
-            NK += tl.dot(kS, kT, input_precision=DOT)
-            NQ += tl.dot(kS, qT, input_precision=DOT)
-        tl.store(rk + tpos[None, :] * K + okc[:, None], k_raw, mask=tk & append_k)
-    d_h = tl.load(rd + pos[None, :] * V + ov[:, None], mask=hist[None, :] & vmask[:, None], other=0.0)  # [BV, BM]
+                HK_ += tl.dot(kh, kT, input_precision=DOT)
+                HQ += tl.dot(kh, qT, input_precision=DOT)
+                NK += tl.dot(kS, kT, input_precision=DOT)
+                NQ += tl.dot(kS, qT, input_precision=DOT)
+            tl.store(rk + tpos[None, :] * K + okc[:, None], k_raw, mask=tw & append_k)
     if READ_FMT != READ_CHECKPOINT:
         rsc = tl.load(rc_rs + head + ov, mask=vmask, other=0.0)[:, None]
         U *= rsc

@@ -281,10 +281,9 @@ def _mamba2_verify_kernel(
 ):
     """Non-flush verify rows (T > 1, ``TT`` = T padded to 16), arguments as ``_mamba2_flush_kernel``.
 
-    The state (or read copy) is streamed once, in ``NC``-column chunks, into ``S0 C [BP, TT]``;
-    a second pass over B and C alone (``NWP`` columns at a time) gives the window's
-    ``B_e . C_t [BM, TT]`` (``tl.dot`` at precision ``DOT``: "ieee" fp32 or "tf32x3", three tf32
-    products, fp32-accurate on tensor cores; two passes, because the fused loop spilled); then
+    The state (or read copy) is streamed once, in ``NC``-column chunks, into two small products:
+    ``S0 C [BP, TT]`` and the window's ``B_e . C_t [BM, TT]`` (``tl.dot`` at precision ``DOT``:
+    "ieee" fp32 or "tf32x3", three tf32 products, fp32-accurate on tensor cores); then
     ``y = e^{lam_t} S0 C_t + X W`` with ``W[e, t] = e^{lam_t - lam_e} dt'_e (B_e . C_t)`` for
     ``e <= t``. Writes outputs and ring entries only; flush rows are left to the flush pass."""
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -307,13 +306,16 @@ def _mamba2_verify_kernel(
     rx = ring_x + ((sl * H + h) * capacity) * P
     rdt = ring_dt + (sl * H + h) * capacity
     append_B = active & (pid_p == 0) & (h % (H // G) == 0)
-    # window dt (history from the ring, then the tokens)
+    # window dt (history from the ring, then the tokens) and x, transposed [BP, BM]
     dt_new = tl.load(dt + i * dt_r + tok_e * dt_t + h, mask=new, other=0.0).to(tl.float32)
     if HAS_DT_BIAS:
         dt_new += tl.load(dt_bias + h)
     dt_w = tl.where(hist, tl.load(rdt + pos, mask=hist, other=0.0), tl.where(new, dt_new, 0.0))
-    # pass 1, over the state: S0 C_t
-    sc = tl.zeros([BP, TT], dtype=tl.float32)
+    xw = (tl.load(rx + pos[None, :] * P + op[:, None], mask=hist[None, :] & pmask[:, None], other=0.0)
+          + tl.load(x + i * x_r + tok_e[None, :] * x_t + h * x_h + op[:, None], mask=new[None, :] & pmask[:, None],
+                    other=0.0))
+    sc = tl.zeros([BP, TT], dtype=tl.float32)             # S0 C_t
+    bc = tl.zeros([BM, TT], dtype=tl.float32)             # B_e . C_t
     jw = tl.arange(0, NWP)
     wmask = jw < NC // RC_PW
     for c in tl.range(0, N // NC, num_stages=STAGES):
@@ -327,28 +329,19 @@ def _mamba2_verify_kernel(
             on = c * NC + jw * RC_PW + w                                                    # [NWP]
             Ct = tl.load(C + i * cc_r + tt[None, :] * cc_t + g * cc_g + on[:, None],
                          mask=wmask[:, None] & tmask[None, :], other=0.0).to(tl.float32)    # [NWP, TT]
+            Bw = (tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None] & wmask[None, :], other=0.0)
+                  + tl.load(B + i * b_r + tok_e[:, None] * b_t + g * b_g + on[None, :],
+                            mask=new[:, None] & wmask[None, :], other=0.0))                # [BM, NWP]
             val = word_values(tile, w, READ_FMT)
             if READ_FMT != READ_CHECKPOINT:
                 val = val * bscale
             sc += tl.dot(val, Ct, input_precision=DOT)
+            bc += tl.dot(Bw.to(tl.float32), Ct, input_precision=DOT)
+            Bt = tl.load(B + i * b_r + tt[:, None] * b_t + g * b_g + on[None, :],
+                         mask=tmask[:, None] & wmask[None, :], other=0.0)
+            tl.store(rB + tpos[:, None] * N + on[None, :], Bt, mask=tmask[:, None] & wmask[None, :] & append_B)
     if READ_FMT != READ_CHECKPOINT:
         sc *= tl.load(rc_rs + head + op, mask=pmask, other=0.0)[:, None]
-    # pass 2, B and C only (its accumulator is not live while the state streams: the fused loop
-    # spilled): the window's B_e . C_t; the tokens' B (the window's new entries) appended
-    bc = tl.zeros([BM, TT], dtype=tl.float32)
-    for c in tl.range(0, N // NWP):
-        on = c * NWP + jw                                                                   # [NWP]
-        Ct = tl.load(C + i * cc_r + tt[None, :] * cc_t + g * cc_g + on[:, None], mask=tmask[None, :],
-                     other=0.0).to(tl.float32)                                              # [NWP, TT]
-        Bw = (tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0)
-              + tl.load(B + i * b_r + tok_e[:, None] * b_t + g * b_g + on[None, :], mask=new[:, None],
-                        other=0.0))                                                         # [BM, NWP]
-        bc += tl.dot(Bw.to(tl.float32), Ct, input_precision=DOT)
-        tl.store(rB + pos[:, None] * N + on[None, :], Bw, mask=new[:, None] & append_B)
-    # window x (history from the ring, then the tokens), transposed [BP, BM]
-    xw = (tl.load(rx + pos[None, :] * P + op[:, None], mask=hist[None, :] & pmask[:, None], other=0.0)
-          + tl.load(x + i * x_r + tok_e[None, :] * x_t + h * x_h + op[:, None], mask=new[None, :] & pmask[:, None],
-                    other=0.0))
 
     dtp = tl.where(hist | new, _softplus(dt_w), 0.0)
     lam = tl.cumsum(tl.load(A + h) * dtp, axis=0)                                           # [BM]
