@@ -151,8 +151,9 @@ class StatePool:
             out[keep.to(self.device)] = self._backend().fold_committed(self, layer, host[keep])
         return out
 
-    def flush(self, slots: torch.Tensor, *, checked: bool = True) -> None:
-        """Fold the committed ring of ``slots`` into the checkpoint in every layer (materialize).
+    def flush(self, slots: torch.Tensor, *, checked: bool = True, layer: int | None = None) -> None:
+        """Fold the committed ring of ``slots`` into the checkpoint in ``layer`` or, when None,
+        every layer (materialize).
 
         Afterwards the checkpoint is the state and the ring is empty; rows with an empty ring
         keep their checkpoint bytes. Refuses slots with an uncommitted verify.
@@ -161,6 +162,9 @@ class StatePool:
         backend) reads nothing on the host: ``slots`` (int64 on the pool's device, -1 = padding)
         must then be distinct and have no uncommitted verify, which is not checked.
         """
+        if layer is not None:
+            self._layer(layer)
+        layers = range(self.num_layers) if layer is None else (layer,)
         if not checked:
             self._require_unchecked()
             check_slot_tensor(slots, self.device)
@@ -168,19 +172,19 @@ class StatePool:
         else:
             host = self._slots(slots)
             host = host[host >= 0]
-            if bool((self.pending[:, host] > 0).any()):
+            if bool((self.pending[list(layers)][:, host] > 0).any()):
                 raise ValueError("slots: a slot has an uncommitted verify; commit before flush")
             rows = host.to(self.device)
         if self.backend == "triton":
-            for layer in range(self.num_layers):
-                self._backend().flush(self, layer, rows)
+            for lay in layers:
+                self._backend().flush(self, lay, rows)
             return
-        for layer in range(self.num_layers):
-            count = self.cursors["count"][layer, host.to(self.device)].cpu()
+        for lay in layers:
+            count = self.cursors["count"][lay, host.to(self.device)].cpu()
             rows = host[count > 0]
             if rows.numel():
-                self._store(layer, rows, self._backend().fold_committed(self, layer, rows))
-                ring.reset(self.cursors, layer, rows.to(self.device), wrote_checkpoint=True)
+                self._store(lay, rows, self._backend().fold_committed(self, lay, rows))
+                ring.reset(self.cursors, lay, rows.to(self.device), wrote_checkpoint=True)
 
     def refresh(self, slots: torch.Tensor, *, layer: int | None = None) -> None:
         """The host wrote the checkpoint of ``slots`` itself (prefill, clear, copy, load).

@@ -95,6 +95,24 @@ def test_flush_refuses_pending_verify_and_skips_empty_rings():
         d.pool.flush(slots)
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_flush_of_one_layer_leaves_the_others(backend):
+    d = _driver("gdn", read_format="fp8")
+    if backend == "triton":
+        d.pool = rs.StatePool(d.spec, d.cfg, num_layers=2, num_slots=8, backend="triton")
+    slots = d.alloc(2)
+    for _ in range(2):
+        d.decode(slots)
+    ck, count = d.pool.checkpoint.clone(), d.pool.cursors["count"].clone()
+    d.pool.flush(slots, layer=1)
+    assert d.pool.cursors["count"][1, slots].eq(0).all()
+    assert torch.equal(d.pool.cursors["count"][0], count[0]) and count[0, slots].eq(2).all()
+    assert torch.equal(d.pool.checkpoint[0], ck[0]) and not torch.equal(d.pool.checkpoint[1], ck[1])
+    assert d.state_error(slots) < TOL["float32"]
+    with pytest.raises(ValueError, match=r"layer: expected an int in \[0, 2\)"):
+        d.pool.flush(slots, layer=2)
+
+
 @pytest.mark.parametrize("layout", ["kv", "vk"])
 def test_framework_owned_checkpoint_strided(layout):
     """A framework's [.., V, K] tensor with a padded slot stride is read and written in place."""

@@ -7,8 +7,9 @@
   parameter order (a manifest directory or built in-process; launching needs cuda-python and a GPU).
 - ``cache``: ``ReplayMambaStates``, replay bookkeeping over TRT-LLM's own SSM state tensor, and
   ``cache_manager_class`` (TRT-LLM's ``PythonMambaCacheManager`` with it; needs TensorRT-LLM).
-- ``mixer``: ``wire_mamba2`` routes a built model's ``Mamba2Mixer`` decode call site to a
-  ``ReplayMambaStates`` (plain decode; TRT-LLM's class is imported when called).
+- ``mixer``: ``wire_mamba2`` / ``wire_gdn`` route a built model's ``Mamba2Mixer`` /
+  ``Qwen3NextGatedDeltaNet`` decode call sites to a ``ReplayMambaStates`` (plain decode; TRT-LLM's
+  classes are imported when called).
 
 Nothing here imports tensorrt or tensorrt_llm at import time. README.md, "TensorRT-LLM", says what
 was verified where and what never ran.

@@ -14,8 +14,8 @@ names, read at NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/pyexecutor/mamba_cache_
 - Call sites (``_torch/modules/mamba/``): ``Mamba2Mixer`` plain decode ``selective_state_update``,
   verify ``replay_selective_state_update`` (``mamba2_mixer.py``); ``Qwen3NextGatedDeltaNet``
   plain decode ``fused_sigmoid_gating_delta_rule_update`` and verify ``_replay_verify_recurrent``
-  (``gdn_mixer.py``, commit 0d4bd90; adapted from SGLang, so its state is presumably SGLang's
-  ``[HV, V, K]``: ``state_layout="vk"``, not confirmed here). TRT-LLM's GDN kernels form the
+  (``gdn_mixer.py``, commit 0d4bd90, whose decode kernel reads the state as ``[slots, HV, V, K]``,
+  K innermost: ``state_layout="vk"``). TRT-LLM's GDN kernels form the
   gating (``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``) and L2-normalize q, k
   inside; ``decode`` / ``verify`` here take them formed.
 
@@ -119,10 +119,11 @@ class ReplayMambaStates:
         if hi > lo:
             self.pool.commit(self._rows(state_indices[lo:hi]), num_accepted_tokens[lo:hi])
 
-    def materialize(self, state_indices: torch.Tensor) -> None:
-        """Fold the committed rings of ``state_indices`` into TRT-LLM's state tensor (before it is
-        copied out: prefix cache, disaggregated transfer). Afterwards that tensor is the state."""
-        self.pool.flush(self._rows(state_indices))
+    def materialize(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
+        """Fold the committed rings of ``state_indices`` into TRT-LLM's state tensor, in ``layer`` or
+        every layer (before TRT-LLM reads or copies it: its prefill kernels, prefix cache,
+        disaggregated transfer). Afterwards that tensor is the state."""
+        self.pool.flush(self._rows(state_indices), layer=layer)
 
     def read_state(self, layer: int, state_indices: torch.Tensor) -> torch.Tensor:
         """fp32 state after every committed token ``[n, *state]`` (canonical layout); nothing changes."""

@@ -17,11 +17,24 @@ empties the rings of the rows it prefilled. Plain decode only, like ``cache_mana
 verify (``disable_state_update=True``) is refused, since TRT-LLM's spec commit also rolls back conv
 windows, which is not wired. TRT-LLM's own stochastic rounding (``rand_seed``) is refused: use the
 ``float16_sr`` checkpoint.
+
+GDN (Qwen3-Next / Qwen3.5), written against ``tensorrt_llm/_torch/modules/mamba/gdn_mixer.py`` at
+commit 0d4bd90: ``Qwen3NextGatedDeltaNet.forward_core`` sends a batch without prefills to
+``forward_decode``, which calls the module-level ``fused_sigmoid_gating_delta_rule_update`` with the
+raw gating inputs (``a``, ``b``, ``A_log``, ``dt_bias``), q / k / v as ``[1, N, heads, dim]`` views,
+``initial_state_source`` the layer's ``temporal`` ``[slots, HV, V, K]`` (``state_layout="vk"``) and
+``initial_state_indices`` the slots; a batch with prefills goes to ``forward_extend``, whose chunked
+kernel writes the state of every row (decode rows included) in place. :func:`wire_gdn` replaces
+that module-level name with a router (registered state tensors go to replay, others to TRT-LLM's
+function) and wraps each layer's ``forward_extend``: the decode rows' rings are folded into the
+state first (``materialize``), and every row's ring is emptied after (``after_prefill``). Plain decode
+only: a target verify is refused.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 
 import torch
@@ -117,6 +130,133 @@ def _refresh_after_prefill(mixer, forward):
         if prefills:
             states, layer = lookup(attn_metadata.kv_cache_manager.get_ssm_states(mixer.layer_idx))
             states.after_prefill(mamba_metadata.state_indices[:prefills], layer=layer)
+        return out
+    wired.replayssm_wired = True
+    return wired
+
+
+def replay_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b,
+                                            initial_state_source, initial_state_indices, scale=None,
+                                            use_qk_l2norm_in_kernel=False, cu_seqlens=None, output=None):
+    """A GDN decode of a replay layer, with the arguments ``Qwen3NextGatedDeltaNet.forward_decode`` passes.
+
+    Args:
+        A_log, dt_bias: fp32 ``[HV]``; a, b: ``[N, HV]`` (row-strided views); the gating is formed
+            here as TRT-LLM's kernel forms it: ``g = -exp(A_log) softplus(a + dt_bias)`` (softplus
+            with ``softplus_beta``, linear above ``softplus_threshold``), ``beta = sigmoid(b)``.
+        q, k: ``[1, N, HK, K]``; v: ``[1, N, HV, V]`` (one token per request); q and k are
+            L2-normalized (``x / (||x|| + 1e-6)``) when ``use_qk_l2norm_in_kernel``.
+        initial_state_source: the layer's ``temporal`` of a registered ReplayMambaStates.
+        initial_state_indices: TRT-LLM's slots ``[N]``; its shared padding slots are padded rows.
+        scale: default ``K ** -0.5``. cu_seqlens: ``[N + 1]`` (one token per request, not read).
+        output: ``[1, N, HV, V]``, written in place.
+    Returns:
+        ``[1, N, HV, V]`` (``output`` when given).
+    """
+    states, layer = lookup(initial_state_source)
+    if q.dim() != 4 or q.shape[0] != 1:
+        raise ValueError(f"q: expected TRT-LLM's decode view [1, N, HK, K], got {list(q.shape)}")
+    n = q.shape[1]
+    if cu_seqlens is not None and tuple(cu_seqlens.shape) != (n + 1,):
+        raise ValueError(f"cu_seqlens: expected one token per request, [N + 1] = [{n + 1}], got "
+                         f"{list(cu_seqlens.shape)}")
+    act = states.pool.cfg.torch_ring_dtype
+    qf, kf = q[0].float(), k[0].float()
+    if use_qk_l2norm_in_kernel:
+        qf = qf / (qf.norm(dim=-1, keepdim=True) + 1e-6)
+        kf = kf / (kf.norm(dim=-1, keepdim=True) + 1e-6)
+    g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias.float(), beta=softplus_beta,
+                                                             threshold=softplus_threshold)
+    out = None if output is None else output[0]
+    y = states.decode(layer, initial_state_indices, out=out, q=qf, k=kf.to(act), v=v[0].to(act), g=g,
+                      beta=torch.sigmoid(b.float()), scale=scale)
+    return y.unsqueeze(0) if output is None else output
+
+
+def _route_gdn(original):
+    """TRT-LLM's ``fused_sigmoid_gating_delta_rule_update`` with registered state tensors sent to replay."""
+    @functools.wraps(original)
+    def routed(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
+               initial_state_indices, scale=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, output=None):
+        fn = replay_sigmoid_gating_delta_rule_update if _registered(initial_state_source) else original
+        return fn(A_log=A_log, a=a, dt_bias=dt_bias, softplus_beta=softplus_beta,
+                  softplus_threshold=softplus_threshold, q=q, k=k, v=v, b=b,
+                  initial_state_source=initial_state_source, initial_state_indices=initial_state_indices,
+                  scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                  output=output)
+    routed.replayssm_original = original
+    return routed
+
+
+def _registered(ssm_states) -> bool:
+    entry = _BY_STATE.get((ssm_states.data_ptr(), tuple(ssm_states.shape))) \
+        if isinstance(ssm_states, torch.Tensor) else None
+    return entry is not None and entry[0]() is not None
+
+
+def wire_gdn(model: torch.nn.Module, states: ReplayMambaStates, *, layer_class=None) -> int:
+    """Route every ``Qwen3NextGatedDeltaNet`` of ``model`` to ``states``; returns how many were routed.
+
+    Args:
+        model: a built TRT-LLM model (e.g. ``Qwen3NextForCausalLM``), weights loaded.
+        states: replay over the cache manager's ``temporal`` with ``state_layout="vk"``
+            (``cache_manager_class()``'s ``replay``).
+        layer_class: the GDN layer class to match; None: TRT-LLM's ``Qwen3NextGatedDeltaNet``
+            (ImportError saying what to install without TensorRT-LLM). The module that defines it
+            holds the ``fused_sigmoid_gating_delta_rule_update`` its ``forward_decode`` calls.
+    The module's ``fused_sigmoid_gating_delta_rule_update`` becomes a router (once per module): the
+    layers of registered states decode through :func:`replay_sigmoid_gating_delta_rule_update`,
+    any other state tensor through TRT-LLM's function. Each layer's ``forward_extend`` folds its
+    decode rows' rings into the state before TRT-LLM's chunked kernel runs and empties every row's
+    ring after; ``forward_decode`` and ``forward_extend`` refuse a target verify.
+    """
+    if layer_class is None:
+        try:
+            from tensorrt_llm._torch.modules.mamba.gdn_mixer import Qwen3NextGatedDeltaNet as layer_class
+        except ImportError as e:
+            raise ImportError(f"replayssm.integrations.trtllm.wire_gdn: {INSTALL_HINT} ({e})") from e
+    module = sys.modules[layer_class.__module__]
+    original = getattr(module, "fused_sigmoid_gating_delta_rule_update", None)
+    if original is None:
+        raise ValueError(f"layer_class: its module {module.__name__} has no fused_sigmoid_gating_delta_rule_update "
+                         "to route (written against TRT-LLM 0d4bd90)")
+    register(states)
+    layers = [m for m in model.modules() if isinstance(m, layer_class)]
+    for layer in layers:
+        if getattr(layer.forward_extend, "replayssm_wired", False):
+            raise ValueError(f"model: GDN layer {layer.layer_idx} is already wired to replay")
+    if not hasattr(original, "replayssm_original"):
+        module.fused_sigmoid_gating_delta_rule_update = _route_gdn(original)
+    for layer in layers:
+        layer.forward_decode = _plain_decode_only(layer.forward_decode)
+        layer.forward_extend = _fold_around_extend(layer.forward_extend)
+    return len(layers)
+
+
+def _refuse_verify(is_target_verify):
+    if is_target_verify:
+        raise ValueError("is_target_verify: a speculative verify through Qwen3NextGatedDeltaNet is not wired to "
+                         "replay (TRT-LLM's spec commit also rolls back the conv windows); serve plain decode")
+
+
+def _plain_decode_only(forward_decode):
+    @functools.wraps(forward_decode)
+    def wired(*args, is_target_verify=False, **kwargs):
+        _refuse_verify(is_target_verify)
+        return forward_decode(*args, is_target_verify=False, **kwargs)
+    wired.replayssm_wired = True
+    return wired
+
+
+def _fold_around_extend(forward_extend):
+    @functools.wraps(forward_extend)
+    def wired(conv_states, ssm_states, *args, is_target_verify=False, **kwargs):
+        _refuse_verify(is_target_verify)
+        states, layer = lookup(ssm_states)
+        if kwargs["num_decodes"] > 0:
+            states.materialize(kwargs["state_indices_d"], layer=layer)
+        out = forward_extend(conv_states, ssm_states, *args, is_target_verify=False, **kwargs)
+        states.after_prefill(kwargs["cache_indices"], layer=layer)
         return out
     wired.replayssm_wired = True
     return wired
