@@ -114,11 +114,15 @@ def load_peers(root: str | None) -> dict:
 class Layer:
     """A one-layer pool at model dims with random state and bf16 inputs; steps call the ops directly."""
 
-    def __init__(self, spec, batch, read_format="checkpoint", max_draft_tokens=0, seed=0):
+    def __init__(self, spec, batch, read_format="checkpoint", max_draft_tokens=0, seed=0, state_layout="kv"):
         self.spec, self.batch = spec, batch
         self.cfg = rs.ReplayConfig(window=WINDOW, max_draft_tokens=max_draft_tokens, read_format=read_format,
                                    ring_dtype="bfloat16")
-        self.pool = rs.StatePool(spec, self.cfg, num_layers=1, num_slots=batch, device=DEV, backend="triton")
+        owned = None
+        if state_layout == "vk":   # a framework's [slots, HV, V, K] state (SGLang's, TRT-LLM's GDN)
+            owned = torch.zeros(1, batch, *spec.state_shape[:-2], *spec.state_shape[-2:][::-1], device=DEV)
+        self.pool = rs.StatePool(spec, self.cfg, num_layers=1, num_slots=batch, device=DEV, backend="triton",
+                                 checkpoint=owned, state_layout=state_layout)
         self.slots = self.pool.alloc(batch)
         gen = torch.Generator(device=DEV).manual_seed(seed)
         self.gen = gen
@@ -270,6 +274,14 @@ def bench_model(name, spec, batch, peers, verify_batch):
         t2 = timed(fq)
         record(name, batch, f"ours flush {rf}", t2, batch * (2 * S + bytes_state(spec, rf) + L * ring + io))
         del lq
+    if spec.family != "mamba2":   # the checkpoint in SGLang's layout, as the SGLang adapter binds it
+        lv = Layer(spec, batch, state_layout="vk")
+        fv, _ = lv.step_fn(lv.inputs(1))
+        lv.set_fill(7)
+        record(name, batch, "ours non-flush w=7 (vk state)", timed(fv), batch * (S + 8 * ring + io))
+        lv.set_fill(L - 1)
+        record(name, batch, "ours flush (vk state)", timed(fv), batch * (2 * S + L * ring + io))
+        del lv
     # floors over the same state bytes
     st = layer.state0
     record(name, batch, "floor read", timed(read_floor(st)), batch * S)
