@@ -11,6 +11,8 @@ bytes) in logical sequence order, so traces of different paths compare element b
 | ``triton``    | ``StatePool(backend="triton")`` (Triton's interpreter on a CPU)             |
 | ``sglang-*``  | SGLang's ``HybridReqToTokenPool`` with the plugin's pool, SGLang's call sites |
 | ``transformers`` | ``ReplayCache`` through transformers' routed recurrent functions         |
+| ``trtllm-adapter`` | ``ReplayMambaStates`` over a TRT-LLM-shaped ``temporal`` (its calls as the |
+|               | layers' call sites and ``update_mamba_states`` make them)                   |
 | ``trt-ptx``   | the TensorRT plugin layers' PTX over a pool's buffers (CUDA only; on a CPU  |
 |               | with the torch ops in place of the driver launch)                           |
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
@@ -349,6 +352,37 @@ def run_sglang(case: Case, backend: str) -> Trace:
         return trace
     finally:
         hooks.uninstall()
+
+
+def run_trtllm(case: Case, backend: str = "reference") -> Trace:
+    """TRT-LLM's PyTorch-backend adapter, ``ReplayMambaStates`` over a ``temporal`` laid out as
+    TRT-LLM's (GDN / KDA ``[slots, HV, V, K]``): sequence i in slot i, padded rows as TRT-LLM's
+    shared padding slot, the prefill write + ``after_prefill``, ``decode`` / ``verify`` as the
+    layers' call sites make them, the commit as ``update_mamba_states`` and the flush as
+    ``materialize``. No fork: TRT-LLM copies no slots between requests."""
+    from replayssm.integrations.trtllm.cache import ReplayMambaStates
+    spec, cfg, pad = case.spec, case.cfg, case.num_seqs
+    shape = spec.state_shape[:-2] + spec.state_shape[-2:][::-1] if spec.is_delta else spec.state_shape
+    temporal = torch.zeros(NUM_LAYERS, case.num_seqs + 1, *shape, dtype=cfg.torch_checkpoint_dtype)
+    states = ReplayMambaStates(spec, cfg, temporal, state_layout="vk" if spec.is_delta else "kv",
+                               backend=backend, padding_slots=(pad,))
+    first = torch.arange(INIT_SEQS, dtype=torch.int32)
+    temporal[0, :INIT_SEQS] = (case.init_state.transpose(-1, -2) if spec.is_delta else case.init_state).to(temporal.dtype)
+    states.after_prefill(first, layer=0)
+    trace = Trace([])
+    for step in case.steps:
+        slots = torch.tensor([r if r >= 0 else pad for r in step.rows], dtype=torch.int32)
+        if step.kind == "fork":
+            raise ValueError("case: TRT-LLM's adapter has no fork")
+        if step.kind == "flush":
+            states.materialize(slots)
+            continue
+        fn = states.decode if step.kind == "decode" else states.verify
+        trace.outputs.append(fn(0, slots, out=_out(case, step), **step.inputs))
+        if step.kind == "verify":
+            states.update_mamba_states(SimpleNamespace(num_contexts=0, num_seqs=len(step.rows)), step.accepted, slots)
+    trace.state = _snapshot(states.pool, list(range(case.num_seqs)))
+    return trace
 
 
 _MODEL_DIMS = {

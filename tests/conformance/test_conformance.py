@@ -24,7 +24,7 @@ import torch
 import replayssm as rs
 from checks import check_identical, check_kernels_vs_reference, check_outputs, check_state, pair_tolerance
 from helpers import rms_ratio
-from paths import run_oracle, run_pool, run_sglang, run_transformers, run_trt_ptx, trt_ptx_uncovered
+from paths import run_oracle, run_pool, run_sglang, run_transformers, run_trt_ptx, run_trtllm, trt_ptx_uncovered
 from vectors import CASES, FAMILIES, MODES, make_case
 
 pytest.importorskip("sglang")
@@ -32,6 +32,7 @@ pytest.importorskip("sglang")
 RESULTS: dict = {}   # (path, family, mode) -> (passed, max error vs the recurrence or None, checks failed)
 TRANSFORMERS_MODES = ("decode", "verify", "fp8-fp16sr", "nvfp4-bf16")   # no fork / flush / padding in a DynamicCache
 SGLANG_TRITON_MODES = ("decode", "verify", "flush", "fp8-fp16sr", "nvfp4-bf16")
+TRTLLM_MODES = tuple(m for m in MODES if m != "fork")                   # TRT-LLM copies no slots
 
 
 @functools.cache
@@ -51,6 +52,8 @@ def trace(path, family, mode):
         return run_pool(c, path)
     if path.startswith("sglang-"):
         return run_sglang(c, path.removeprefix("sglang-"))
+    if path == "trtllm-adapter":
+        return run_trtllm(c)
     return run_transformers(c)
 
 
@@ -125,6 +128,26 @@ def test_sglang_plugin(backend, family, mode):
         if not exact and rms_ratio(t.state["checkpoint"].float(), base.state["checkpoint"].float()) >= 1e-6:
             problems.append("checkpoint vs the standalone pool")
     record(f"sglang-{backend}", c, worst, problems)
+
+
+@pytest.mark.parametrize("family,mode", [(f, m) for f, m in CASES if m in TRTLLM_MODES])
+def test_trtllm_adapter(family, mode):
+    """TRT-LLM's adapter (``ReplayMambaStates``, reference backend) over a TRT-LLM-shaped state tensor
+    vs the reference pool: raw rings and cursors bit-exact; outputs, d, checkpoint and read-copy
+    bytes bit-exact where ``layout_exact`` (Mamba-2), else within the pair tolerance (the delta
+    state is ``[HV, V, K]`` there, as TRT-LLM's GDN keeps it)."""
+    c, problems = case(family, mode), []
+    t = trace("trtllm-adapter", family, mode)
+    worst = check_outputs(c, t.outputs, oracle(family, mode), problems)
+    base = trace("reference", family, mode)
+    exact = layout_exact(c, "reference")
+    for j, (y, y_ref) in enumerate(zip(t.outputs, base.outputs)):
+        if not (torch.equal(y, y_ref) if exact else rms_ratio(y, y_ref) < pair_tolerance(c.cfg)):
+            problems.append(f"step {j} outputs differ from the reference pool")
+    check_state(c, t.state, base.state, problems, exact=exact)
+    if not exact and rms_ratio(t.state["checkpoint"].float(), base.state["checkpoint"].float()) >= 1e-6:
+        problems.append("checkpoint vs the reference pool")
+    record("trtllm-adapter", c, worst, problems)
 
 
 @pytest.mark.parametrize("family,mode", [(f, m) for f, m in CASES if m in TRANSFORMERS_MODES])
@@ -274,7 +297,8 @@ def test_trt_ptx_host_side(family, mode):
 
 def test_matrix(capsys):
     """Print path x family x mode (pass / FAIL, worst error vs the fp64 recurrence); every cell ran and passed."""
-    paths = ("reference", "triton", "sglang-reference", "sglang-triton", "transformers", "trtllm-plan", "trt-ptx-dry")
+    paths = ("reference", "triton", "sglang-reference", "sglang-triton", "transformers", "trtllm-adapter",
+             "trtllm-plan", "trt-ptx-dry")
     lines = [f"{'path':<17}{'family':<8}" + "".join(f"{m:>13}" for m in MODES)]
     for path in paths:
         for family in FAMILIES:
@@ -289,6 +313,7 @@ def test_matrix(capsys):
     with capsys.disabled():
         print("\nconformance matrix (pass/FAIL, max RMS ratio vs the fp64 step recurrence; - = path not run)")
         print("\n".join(lines))
-    expected = 4 * len(CASES) + len(SGLANG) + sum(m in TRANSFORMERS_MODES for _, m in CASES)
+    expected = (4 * len(CASES) + len(SGLANG) + sum(m in TRANSFORMERS_MODES for _, m in CASES)
+                + sum(m in TRTLLM_MODES for _, m in CASES))
     assert len(RESULTS) == expected, "run the whole conformance module for the matrix"
     assert all(r[0] for r in RESULTS.values())
