@@ -109,6 +109,20 @@ def layout_exact(c, backend: str) -> bool:
     return not (c.spec.is_delta and (backend == "reference" or any(s.kind == "flush" for s in c.steps)))
 
 
+def check_against_pool(c, t, backend: str, problems: list) -> None:
+    """An adapter's trace vs the standalone pool of ``backend``: outputs, d, checkpoint and
+    read-copy bytes bit-exact where ``layout_exact``, else within the pair tolerance (the
+    checkpoint to 1e-6); raw rings and cursors bit-exact either way."""
+    base = trace(backend, c.family, c.mode)
+    exact = layout_exact(c, backend)
+    for j, (y, y_ref) in enumerate(zip(t.outputs, base.outputs)):
+        if not (torch.equal(y, y_ref) if exact else rms_ratio(y, y_ref) < pair_tolerance(c.cfg)):
+            problems.append(f"step {j} outputs differ from the {backend} pool")
+    check_state(c, t.state, base.state, problems, exact=exact)
+    if not exact and rms_ratio(t.state["checkpoint"].float(), base.state["checkpoint"].float()) >= 1e-6:
+        problems.append(f"checkpoint vs the {backend} pool")
+
+
 @pytest.mark.parametrize("backend,family,mode", SGLANG)
 def test_sglang_plugin(backend, family, mode):
     """SGLang's pool objects and call sites over a backend vs the standalone pool of that backend:
@@ -119,14 +133,7 @@ def test_sglang_plugin(backend, family, mode):
     t = trace(f"sglang-{backend}", family, mode)
     worst = check_outputs(c, t.outputs, oracle(family, mode), problems)
     if mode != "fork":
-        base = trace(backend, family, mode)
-        exact = layout_exact(c, backend)
-        for j, (y, y_ref) in enumerate(zip(t.outputs, base.outputs)):
-            if not (torch.equal(y, y_ref) if exact else rms_ratio(y, y_ref) < pair_tolerance(c.cfg)):
-                problems.append(f"step {j} outputs differ from the {backend} pool")
-        check_state(c, t.state, base.state, problems, exact=exact)
-        if not exact and rms_ratio(t.state["checkpoint"].float(), base.state["checkpoint"].float()) >= 1e-6:
-            problems.append("checkpoint vs the standalone pool")
+        check_against_pool(c, t, backend, problems)
     record(f"sglang-{backend}", c, worst, problems)
 
 
@@ -139,14 +146,7 @@ def test_trtllm_adapter(family, mode):
     c, problems = case(family, mode), []
     t = trace("trtllm-adapter", family, mode)
     worst = check_outputs(c, t.outputs, oracle(family, mode), problems)
-    base = trace("reference", family, mode)
-    exact = layout_exact(c, "reference")
-    for j, (y, y_ref) in enumerate(zip(t.outputs, base.outputs)):
-        if not (torch.equal(y, y_ref) if exact else rms_ratio(y, y_ref) < pair_tolerance(c.cfg)):
-            problems.append(f"step {j} outputs differ from the reference pool")
-    check_state(c, t.state, base.state, problems, exact=exact)
-    if not exact and rms_ratio(t.state["checkpoint"].float(), base.state["checkpoint"].float()) >= 1e-6:
-        problems.append("checkpoint vs the reference pool")
+    check_against_pool(c, t, "reference", problems)
     record("trtllm-adapter", c, worst, problems)
 
 
