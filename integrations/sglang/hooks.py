@@ -131,6 +131,19 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
     for backend_cls in (GDNAttnBackend, KDAAttnBackend):
         _patch(backend_cls, "forward_extend", _refresh_after_prefill(backend_cls.forward_extend))
 
+    # extra_buffer: the track copies between a request's slot and its track slot
+    for name in ("track_mamba_states_if_needed", "track_mamba_states_all_layers"):
+        _patch(hlab, name, functools.partial(pool.track_copy, getattr(hlab, name)))
+    track_extend = hlab.MambaAttnBackendBase._track_mamba_state_extend
+
+    @functools.wraps(track_extend)
+    def _track_mamba_state_extend(self, forward_batch, h, ssm_states, forward_metadata, *args, **kwargs):
+        result = track_extend(self, forward_batch, h, ssm_states, forward_metadata, *args, **kwargs)
+        pool.after_track_extend(ssm_states, forward_metadata)
+        return result
+
+    _patch(hlab.MambaAttnBackendBase, "_track_mamba_state_extend", _track_mamba_state_extend)
+
     backend_init = hlab.MambaAttnBackendBase.__init__
 
     @functools.wraps(backend_init)

@@ -86,8 +86,9 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
         sglang_args += ["--mamba-ssm-dtype", _SSM_DTYPE[cfg.checkpoint_dtype]]
     strategy = _flag_value(rest, "--mamba-radix-cache-strategy")
     if strategy not in (None, "no_buffer"):
-        raise SystemExit(f"--mamba-radix-cache-strategy: replayssm serves no_buffer only (extra_buffer track slots "
-                         f"would need the ring and cursors); got {strategy}")
+        raise SystemExit(f"--mamba-radix-cache-strategy: replayssm serves no_buffer only (its hooks on SGLang's "
+                         f"extra_buffer track copies are tested, SGLang's scheduler and radix flow with track slots "
+                         f"under replay is not); got {strategy}")
     if strategy is None and "--disable-radix-cache" not in rest:
         sglang_args += ["--mamba-radix-cache-strategy", "no_buffer"]
         strategy = "no_buffer"

@@ -253,3 +253,54 @@ def flush_for_tree(req_to_token_pool, mamba_pool_idx: torch.Tensor) -> None:
     if hasattr(owner, "replay"):
         slot = req_to_token_pool.translate_mamba_indices(mamba_pool_idx.view(1))
         owner.replay.flush(_slots(owner.replay, slot), checked=checked(owner.replay))
+
+
+def track_copy(copy, conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size,
+               **kwargs):
+    """SGLang's extra_buffer track copy (``track_mamba_states_if_needed`` for one layer's
+    ``ssm_states`` ``[size + 1, ...]``, or ``track_mamba_states_all_layers`` for the whole
+    ``temporal`` ``[layers, size + 1, ...]``) on a replay pool: the masked source rows' rings are
+    folded into their checkpoints first (the copy then carries the whole state at this token),
+    SGLang's ``copy`` runs, and the destination rows' rings are emptied and read copies re-derived
+    from the copied checkpoint. A state of no replay pool is copied as SGLang does. Reads the mask
+    on the host (a synchronization on a GPU): the launcher runs replay without CUDA graphs.
+    """
+    found = _track_owner(ssm_states)
+    if found is None:
+        return copy(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size,
+                    **kwargs)
+    owner, layer = found
+    mask = mamba_track_mask[:batch_size].to(device="cpu", dtype=torch.bool)
+    src = _slots(owner.replay, cache_indices[:batch_size].cpu()[mask])
+    dst = _slots(owner.replay, mamba_track_indices[:batch_size].cpu()[mask])
+    owner.replay.flush(src, layer=layer)
+    result = copy(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size, **kwargs)
+    owner.replay.refresh(dst, layer=layer)
+    return result
+
+
+def _track_owner(ssm_states: torch.Tensor):
+    """``(pool, layer)`` for one layer's state, ``(pool, None)`` for a whole ``temporal``, or None."""
+    found = lookup(ssm_states)
+    if found is not None:
+        return found
+    if ssm_states.dim() >= 2 and ssm_states.shape[0] > 0:
+        found = lookup(ssm_states[0])
+        if found is not None and found[1] == 0 and found[0].mamba_cache.temporal.shape == ssm_states.shape:
+            return found[0], None
+    return None
+
+
+def after_track_extend(ssm_states: torch.Tensor, forward_metadata) -> None:
+    """SGLang's extend track (``_track_mamba_state_extend``) wrote the track slots' states of one
+    layer from the prefill's chunk states: empty their rings and re-derive their read copies."""
+    found = lookup(ssm_states)
+    if found is None or not forward_metadata.has_mamba_track_mask:
+        return
+    owner, layer = found
+    dst = [forward_metadata.track_ssm_h_dst, forward_metadata.track_ssm_final_dst,
+           getattr(forward_metadata, "track_ssm_recompute_dst", None)]
+    rows = torch.cat([d.reshape(-1).to(device="cpu", dtype=torch.int64) for d in dst if d is not None and d.numel()]
+                     or [torch.empty(0, dtype=torch.int64)])
+    if rows.numel():
+        owner.replay.refresh(_slots(owner.replay, rows.unique()), layer=layer)
