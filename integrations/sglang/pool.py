@@ -298,9 +298,7 @@ def after_track_extend(ssm_states: torch.Tensor, forward_metadata) -> None:
     if found is None or not forward_metadata.has_mamba_track_mask:
         return
     owner, layer = found
-    dst = [forward_metadata.track_ssm_h_dst, forward_metadata.track_ssm_final_dst,
-           getattr(forward_metadata, "track_ssm_recompute_dst", None)]
-    rows = torch.cat([d.reshape(-1).to(device="cpu", dtype=torch.int64) for d in dst if d is not None and d.numel()]
-                     or [torch.empty(0, dtype=torch.int64)])
-    if rows.numel():
-        owner.replay.refresh(_slots(owner.replay, rows.unique()), layer=layer)
+    written = [d.reshape(-1).to(torch.int64) for d in (forward_metadata.track_ssm_h_dst,
+                                                        forward_metadata.track_ssm_recompute_dst,
+                                                        forward_metadata.track_ssm_final_dst) if d is not None]
+    owner.replay.refresh(_slots(owner.replay, torch.cat(written).unique()), layer=layer)

@@ -54,15 +54,21 @@ def register(states: ReplayMambaStates) -> None:
         _BY_STATE[(view.data_ptr(), tuple(view.shape))] = (weakref.ref(states), layer)
 
 
-def lookup(ssm_states: torch.Tensor) -> tuple[ReplayMambaStates, int]:
-    """``(states, layer)`` whose checkpoint of ``layer`` is ``ssm_states``; raises if none is registered."""
+def _find(ssm_states) -> tuple[ReplayMambaStates, int] | None:
+    """``(states, layer)`` whose checkpoint of ``layer`` is ``ssm_states``, or None."""
     entry = _BY_STATE.get((ssm_states.data_ptr(), tuple(ssm_states.shape))) \
         if isinstance(ssm_states, torch.Tensor) else None
     states = entry[0]() if entry else None
-    if states is None:
+    return None if states is None else (states, entry[1])
+
+
+def lookup(ssm_states: torch.Tensor) -> tuple[ReplayMambaStates, int]:
+    """``(states, layer)`` whose checkpoint of ``layer`` is ``ssm_states``; raises if none is registered."""
+    found = _find(ssm_states)
+    if found is None:
         raise ValueError("ssm_states: not a layer of a registered ReplayMambaStates' state tensor (wire_mamba2 "
                          "registers the one it routes to; the mixer must read the cache manager's temporal)")
-    return states, entry[1]
+    return found
 
 
 def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -178,7 +184,7 @@ def _route_gdn(original):
     @functools.wraps(original)
     def routed(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
                initial_state_indices, scale=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, output=None):
-        fn = replay_sigmoid_gating_delta_rule_update if _registered(initial_state_source) else original
+        fn = replay_sigmoid_gating_delta_rule_update if _find(initial_state_source) else original
         return fn(A_log=A_log, a=a, dt_bias=dt_bias, softplus_beta=softplus_beta,
                   softplus_threshold=softplus_threshold, q=q, k=k, v=v, b=b,
                   initial_state_source=initial_state_source, initial_state_indices=initial_state_indices,
@@ -186,12 +192,6 @@ def _route_gdn(original):
                   output=output)
     routed.replayssm_original = original
     return routed
-
-
-def _registered(ssm_states) -> bool:
-    entry = _BY_STATE.get((ssm_states.data_ptr(), tuple(ssm_states.shape))) \
-        if isinstance(ssm_states, torch.Tensor) else None
-    return entry is not None and entry[0]() is not None
 
 
 def wire_gdn(model: torch.nn.Module, states: ReplayMambaStates, *, layer_class=None) -> int:
