@@ -1,15 +1,17 @@
 """Tile sweep: candidate ``ops.TILES`` entries timed at one batch, one table per tile kind.
 
     python benchmarks/sweep_tiles.py [--batch 256] [--models nemotron-h,qwen3.5,kimi-linear]
-                                     [--kinds decode,read,verify,flush,flush_replay]
+                                     [--kinds decode,decode_vk,read_fp8,read,verify,flush,flush_vk,flush_replay]
 
 Per model and kind, each candidate's step time, and the largest output difference from the first
 candidate (the candidates must agree):
-- decode: the non-flush step (w = 7), fp32 checkpoint and fp8 read copy;
-- read: the same with an NVFP4 read copy;
+- decode: the non-flush step (w = 7), fp32 checkpoint; decode_vk (GDN / KDA): the same on a
+  [S, HV, V, K] checkpoint, the layout the SGLang and TRT-LLM adapters bind;
+- read_fp8, read: the same over an fp8 / NVFP4 read copy (read_fp8 tries the decode candidates);
 - verify: a T = 8 verify without flush (w = 16 - 1 - 8), ring sized for 8 tokens;
 - flush: the flush step (fp32 checkpoint, NVFP4 read copy, and with the ring sized for 8 tokens);
   for GDN / KDA the NVFP4 column runs the `flush_replay` tile, not the candidate;
+- flush_vk (GDN / KDA): the flush step on a [S, HV, V, K] checkpoint;
 - flush_replay (GDN / KDA): the flush step behind an NVFP4 read copy (the window replays).
 Decode, read and flush size the ring for decode only (no draft tokens), as bench_decode does,
 except the flush's spec-ring column.
@@ -32,9 +34,15 @@ from shapes import MODEL_SPECS, WINDOW  # noqa: E402
 VERIFY_T = 8
 CANDIDATES = {
     "mamba2": {
-        "decode": [dict(rows=64, num_warps=2, chunk=32, stages=3), dict(rows=32, num_warps=1, chunk=32, stages=3)],
-        "read": [dict(rows=64, num_warps=2, chunk=32, stages=3), dict(rows=64, num_warps=2, chunk=64, stages=2),
-                 dict(rows=64, num_warps=4, chunk=128, stages=1), dict(rows=32, num_warps=1, chunk=64, stages=3)],
+        "decode": [dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False),
+                   dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True),
+                   dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
+                   dict(rows=64, num_warps=2, chunk=16, stages=4, acc=True),
+                   dict(rows=64, num_warps=4, chunk=32, stages=3, acc=True)],
+        "read": [dict(rows=64, num_warps=2, chunk=64, stages=2, acc=False),
+                 dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
+                 dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True),
+                 dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True)],
         "verify": [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=64, num_warps=4, chunk=64, stages=2, dot="tf32x3"),
@@ -44,33 +52,60 @@ CANDIDATES = {
                   dict(rows=32, num_warps=4, chunk=32, stages=2, dot="tf32x3")],
     },
     "delta": {
-        "decode": [dict(rows=64, num_warps=1, chunk=32, stages=3), dict(rows=64, num_warps=1, chunk=64, stages=3),
-                   dict(rows=64, num_warps=1, chunk=64, stages=2), dict(rows=64, num_warps=2, chunk=64, stages=3),
-                   dict(rows=32, num_warps=1, chunk=64, stages=3), dict(rows=128, num_warps=2, chunk=64, stages=2)],
-        "read": [dict(rows=64, num_warps=1, chunk=32, stages=3), dict(rows=64, num_warps=2, chunk=64, stages=2),
-                 dict(rows=64, num_warps=4, chunk=128, stages=1), dict(rows=128, num_warps=2, chunk=64, stages=2)],
+        "decode": [dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
+                   dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
+                   dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True),
+                   dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
+                   dict(rows=128, num_warps=4, chunk=32, stages=3, acc=True)],
+        "decode_vk": [dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
+                      dict(rows=64, num_warps=1, chunk=16, stages=3, acc=True),
+                      dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
+                      dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True),
+                      dict(rows=32, num_warps=1, chunk=32, stages=3, acc=True),
+                      dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
+                      dict(rows=128, num_warps=4, chunk=32, stages=3, acc=True),
+                      dict(rows=128, num_warps=4, chunk=16, stages=4, acc=True),
+                      dict(rows=128, num_warps=2, chunk=32, stages=3, acc=True),
+                      dict(rows=128, num_warps=8, chunk=32, stages=3, acc=True),
+                      dict(rows=128, num_warps=4, chunk=64, stages=2, acc=True)],
+        "read": [dict(rows=64, num_warps=1, chunk=32, stages=3, acc=False),
+                 dict(rows=128, num_warps=2, chunk=64, stages=2, acc=False),
+                 dict(rows=64, num_warps=1, chunk=32, stages=3, acc=True),
+                 dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True),
+                 dict(rows=32, num_warps=1, chunk=32, stages=3, acc=True),
+                 dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
+                 dict(rows=128, num_warps=4, chunk=32, stages=3, acc=True),
+                 dict(rows=128, num_warps=4, chunk=16, stages=4, acc=True),
+                 dict(rows=128, num_warps=2, chunk=16, stages=3, acc=True)],
         "verify": [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=128, num_warps=8, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
         "flush": [dict(rows=32, num_warps=2, stages=2, dot="tf32x3"), dict(rows=32, num_warps=4, stages=2, dot="tf32x3"),
                   dict(rows=64, num_warps=4, stages=2, dot="tf32x3"), dict(rows=16, num_warps=1, stages=2, dot="tf32x3")],
+        "flush_vk": [dict(rows=32, num_warps=4, stages=2, dot="tf32x3"), dict(rows=16, num_warps=1, stages=2, dot="tf32x3"),
+                     dict(rows=16, num_warps=2, stages=2, dot="tf32x3"), dict(rows=32, num_warps=2, stages=2, dot="tf32x3"),
+                     dict(rows=64, num_warps=4, stages=2, dot="tf32x3"), dict(rows=64, num_warps=8, stages=2, dot="tf32x3")],
         "flush_replay": [dict(rows=32, num_warps=2, stages=2, dot="tf32x3"),
                          dict(rows=32, num_warps=4, stages=2, dot="tf32x3")],
     },
 }
-# kind -> (read formats, tokens, fill); the flush is also timed with the ring sized for 8 tokens
-SETUPS = {"decode": (["checkpoint", "fp8"], 1, 7), "read": (["nvfp4"], 1, 7),
+for _fam in CANDIDATES.values():
+    _fam["read_fp8"] = _fam["decode"]
+# kind -> (read formats, tokens, fill); the flush is also timed with the ring sized for 8 tokens; the
+# _vk kinds run on a [S, HV, V, K] checkpoint (the SGLang / TRT-LLM adapters' layout)
+SETUPS = {"decode": (["checkpoint"], 1, 7), "read_fp8": (["fp8"], 1, 7), "read": (["nvfp4"], 1, 7),
+          "decode_vk": (["checkpoint"], 1, 7), "flush_vk": (["checkpoint"], 1, WINDOW - 1),
           "verify": (["checkpoint", "nvfp4"], VERIFY_T, WINDOW - 1 - VERIFY_T),
           "flush": (["checkpoint", "nvfp4", "checkpoint spec-ring"], 1, WINDOW - 1),
           "flush_replay": (["nvfp4"], 1, WINDOW - 1)}
 
 
-def _time(spec, batch, read_format, T, fill):
+def _time(spec, batch, read_format, T, fill, state_layout="kv"):
     spec_ring = read_format.endswith(" spec-ring")
     read_format = read_format.split()[0]
     layer = Layer(spec, batch, read_format=read_format,
-                  max_draft_tokens=VERIFY_T - 1 if T > 1 or spec_ring else 0)
+                  max_draft_tokens=VERIFY_T - 1 if T > 1 or spec_ring else 0, state_layout=state_layout)
     fn, out = layer.step_fn(layer.inputs(T), committed=T == 1)
     layer.set_fill(fill)
     t = timed(fn)
@@ -94,7 +129,8 @@ def sweep(name, batch, kinds):
         for tile in CANDIDATES[fam][kind]:
             table[kind] = tile
             try:
-                times, ys = zip(*(_time(spec, batch, f, T, fill) for f in formats))
+                layout = "vk" if kind.endswith("_vk") else "kv"
+                times, ys = zip(*(_time(spec, batch, f, T, fill, layout) for f in formats))
                 diff = 0.0 if first is None else max((y - f).abs().max().item() for y, f in zip(ys, first))
                 first = ys if first is None else first
                 print(" " * 9 + " ".join(f"{t:>14.1f}" for t in times) + f" {diff:>9.2e}  {tile}", flush=True)
@@ -111,7 +147,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--models", default="nemotron-h,qwen3.5,kimi-linear")
-    ap.add_argument("--kinds", default="decode,read,verify,flush,flush_replay")
+    ap.add_argument("--kinds", default="decode,decode_vk,read_fp8,read,verify,flush,flush_vk,flush_replay")
     args = ap.parse_args()
     for name in args.models.split(","):
         sweep(name, args.batch, args.kinds.split(","))

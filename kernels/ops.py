@@ -34,27 +34,37 @@ _compiled: set = set()
 
 # Hand-picked tiles (no autotuning: these kernels mutate state), chosen with
 # benchmarks/sweep_tiles.py on an H200 at real dims (N = K = 128); "kda" entries override "delta".
-# rows: P (Mamba-2) or V (delta) per program; decode streams the state (or fp8 read copy) in
-# `chunk`-column pieces through a `stages`-deep pipeline (`read`: the same for NVFP4); flush is the decode flush pass
-# (Mamba-2: streamed in `chunk`-column pieces like decode; delta `stages`: its replay loop's pipeline
-# depth, `dot`: its cached-d fold's precision; `flush_replay`: the delta flush behind an fp8 / NVFP4 read
-# copy, which replays the window instead of folding the cached d); verify streams the state once for
-# T > 1 tokens (chunk raised to 16 words for tl.dot; smaller states pad with zero words; `dot`: the
+# rows: P (Mamba-2) or V (delta) per program; decode streams the state in `chunk`-column pieces
+# through a `stages`-deep pipeline (`decode_vk`: a [S, HV, V, K] checkpoint; `read_fp8` / `read`:
+# the same over an fp8 / NVFP4 read copy; `acc`: the chunks' products reduced once after the
+# stream); flush is the decode flush pass (Mamba-2: streamed in `chunk`-column pieces like decode;
+# delta `stages`: its replay loop's pipeline depth, `dot`: its cached-d fold's precision;
+# `flush_vk`: on a [S, HV, V, K] checkpoint; `flush_replay`: behind an fp8 / NVFP4 read copy, which
+# replays the window instead of folding the cached d); verify streams the state once for T > 1
+# tokens (chunk raised to 16 words for tl.dot; smaller states pad with zero words; `dot`: the
 # products' precision); verify_flush is its flush pass.
 TILES = {
-    "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3),
-               "read": dict(rows=64, num_warps=2, chunk=64, stages=2),
+    "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False),
+               "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
+               "read": dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
                "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3"),
                "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
                "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
-    "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2),
-              "read": dict(rows=64, num_warps=1, chunk=32, stages=3),
+    "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
+              "decode_vk": dict(rows=128, num_warps=4, chunk=32, stages=3, acc=True),
+              "read_fp8": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
+              "read": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
               "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3"),
+              "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3"),
               "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3"),
               "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
               "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3")},
-    "kda": {"read": dict(rows=128, num_warps=2, chunk=64, stages=2),
+    "kda": {"decode": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
+            "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
+            "read_fp8": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
+            "read": dict(rows=128, num_warps=2, chunk=64, stages=2, acc=False),
             "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3"),
+            "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3"),
             "verify": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }
 # codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
@@ -64,15 +74,18 @@ _PER_WORD = {0: 1, 1: 1, 2: 8}
 _PER_WORD_VERIFY = {0: 1, 1: 4, 2: 8}
 
 
-def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dict) -> list[tuple]:
+def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dict, vk: bool = False) -> list[tuple]:
     """(kernel, rows per program, constexprs, warps, is the flush pass) of the two passes of a step
     (of the flush pass alone for ``T = 0``: a flush-only launch, ``StatePool.flush`` on the device).
 
-    ``kernels``: (decode, verify, flush) Triton functions of the family."""
+    ``kernels``: (decode, verify, flush) Triton functions of the family; ``vk``: the checkpoint's
+    key channels are contiguous (a framework's ``[S, HV, V, K]`` tensor), which has its own decode
+    and flush tiles."""
     tiles = {**TILES["delta"], **TILES["kda"]} if family == "kda" else TILES[family]
     tt = max(16, triton.next_power_of_2(T)) if T != 1 else 1
     replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
-    flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush"]
+    vk_tile = vk and const["READ_FMT"] == 0
+    flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush"]
     if family == "mamba2":
         flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
     if T == 0:                                                        # flush-only: the flush pass alone
@@ -84,14 +97,15 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
         plan = [(kernels[1], dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=tt), False)]
     else:
         pw = _PER_WORD[const["READ_FMT"]]
-        dec = tiles["decode" if pw == 1 else "read"]
+        dec = tiles["read" if pw > 1 else "read_fp8" if const["READ_FMT"] != 0 else "decode_vk" if vk_tile
+                    else "decode"]
         plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw), False)]
     plan.append((kernels[2], flush, True))
     out = []
     for kernel, tile, flush_pass in plan:
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
-                                         ("STAGES", "stages"), ("DOT", "dot")) if t in tile}
+                                         ("STAGES", "stages"), ("DOT", "dot"), ("ACC", "acc")) if t in tile}
         out.append((kernel, block, {**const, **extra}, tile["num_warps"], flush_pass))
     return out
 
@@ -295,7 +309,7 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV, "n"), n, args, {**c, "BV": BV}, nw, fp)
             for kernel, BV, c, nw, fp in _passes("kda" if per_channel else "delta", T, K, V,
                                                  (_delta_decode_kernel, _delta_verify_kernel, _delta_flush_kernel),
-                                             const)]
+                                                 const, vk=checkpoint.stride(-2) == 1 and K > 1)]
 
 
 @torch.library.custom_op("replayssm::delta_step", mutates_args=(

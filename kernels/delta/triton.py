@@ -209,23 +209,30 @@ def _delta_decode_kernel(
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, RC_PW: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr,
+    ACC: tl.constexpr,
 ):
     """Non-flush decode rows (T = 1), arguments as ``_delta_flush_kernel``: the state (or read
     copy) is streamed in ``NC``-key-channel chunks through a ``STAGES``-deep pipeline together with
     the same channels of q, k and the ring's keys (and KDA gates); flush rows are left to the
     flush pass. Output-only form as there, with the window entries e < count from the ring.
     An NVFP4 read copy moves as 32-bit words of ``RC_PW`` = 8 codes, decoded in registers
-    column-strided; fp8 (``RC_PW`` = 1) as bytes, one per channel.
-    Branch-free: every row loads and computes (a padded row reads slot 0), stores are masked, so
-    the cursor, state and ring loads are all in flight after the slot index arrives."""
+    column-strided; fp8 (``RC_PW`` = 1) as bytes, one per channel. ``ACC``: the chunks' products
+    are summed elementwise and reduced over channels once after the stream (fewer cross-lane
+    reductions where the channels lie across lanes: a [S, HV, V, K] checkpoint, the read copies),
+    instead of once per chunk.
+    Branch-free: every row computes (a padded row addresses slot 0) and stores are masked, so the
+    cursor, state and ring loads are all in flight after the slot index arrives; the state and
+    history loads of rows this pass does not own (flush and padded rows) are masked off, so they
+    move no bytes."""
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, 1, window)
     origin = tl.load(origin_ptr + sl)
     active = valid & ~is_flush                             # rows this pass owns; flush rows: flush pass
+    amask = vmask & active                                 # other rows' state and history are not read
     e = tl.arange(0, BM)
-    hist = e < count
+    hist = (e < count) & active
     pos = (origin + e) % capacity
     tok = (origin + count) % capacity                      # ring entry this token is appended at
     hk = h // (HV // HK)
@@ -252,16 +259,25 @@ def _delta_decode_kernel(
     cq = tl.zeros([BM], dtype=tl.float32)                  # history coefficients for the output
     kq = tl.zeros([1], dtype=tl.float32)                   # this token's own k . q
     jw = tl.arange(0, NC // RC_PW)
+    if READ_FMT == READ_CHECKPOINT:                       # ACC: the chunks' products summed elementwise,
+        au = tl.zeros([NC, BV], dtype=tl.float32)          # reduced over channels once after the stream
+        ar = tl.zeros([NC, BV], dtype=tl.float32)
+    else:
+        au = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
+        ar = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
+    ahk = tl.zeros([BM, NC // RC_PW], dtype=tl.float32)    # ACC: the history coefficients' products
+    ahq = tl.zeros([BM, NC // RC_PW], dtype=tl.float32)
+    akq = tl.zeros([NC // RC_PW], dtype=tl.float32)
     for c in tl.range(0, K // NC, num_stages=STAGES):
         # chunk c as [BV, NC / PW] tiles; element w of word j is key channel c NC + j PW + w (PW = 1: fp32)
         if READ_FMT == READ_CHECKPOINT:                   # [NC, BV]: channels down, as the state
             tile = tl.load(ckpt + sl * c_s + h * c_h + (c * NC + jw)[:, None] * c_k + ov[None, :] * c_v,
-                           mask=vmask[None, :], other=0.0)
+                           mask=amask[None, :], other=0.0)
         elif RC_PW == 1:                                   # fp8 bytes, decoded and scaled here
             tile = load_read_copy(rc_codes + head * RC_CW + c * NC, rc_bs + head * (K // 16) + c * (NC // 16),
-                                  rc_rs + head, ov, vmask, READ_FMT, BV, NC, RC_CW, K // 16)
+                                  rc_rs + head, ov, amask, READ_FMT, BV, NC, RC_CW, K // 16)
         else:
-            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (K // 16), ov, vmask, c,
+            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (K // 16), ov, amask, c,
                                            K, RC_CW, NC, RC_PW, NC // RC_PW)
         if READ_FMT == READ_CHECKPOINT:
             pu = tl.zeros([NC, BV], dtype=tl.float32)
@@ -283,14 +299,12 @@ def _delta_decode_kernel(
                                            tl.where((e == count)[:, None], g_c[None, :], 0.0)), axis=0)
                 gt = tl.sum(tl.where((e == count)[:, None], gam_c, 0.0), axis=0)
                 dec = tl.where(hist[:, None], tl.exp(tl.minimum(gt[None, :] - gam_c, 0.0)), 0.0) * kh
-                ck_ += tl.sum(dec * kt[None, :], axis=1)
-                cq += tl.sum(dec * qt[None, :], axis=1)
+                hk_, hq_ = dec * kt[None, :], dec * qt[None, :]
                 kk = tl.exp(gt) * kt
                 qq = tl.exp(gt) * qt
                 tl.store(rg + tok * K + okc, g_c, mask=(okc < K) & active & (pid_v == 0))
             else:
-                ck_ += tl.sum(kh * kt[None, :], axis=1)
-                cq += tl.sum(kh * qt[None, :], axis=1)
+                hk_, hq_ = kh * kt[None, :], kh * qt[None, :]
                 kk = kt
                 qq = qt
             if READ_FMT == READ_CHECKPOINT:
@@ -299,17 +313,33 @@ def _delta_decode_kernel(
             else:
                 pu += S0 * kk[None, :]
                 pr += S0 * qq[None, :]
-            kq += tl.sum(kt * qt, axis=0)
+            if ACC:
+                ahk += hk_
+                ahq += hq_
+                akq += kt * qt
+            else:
+                ck_ += tl.sum(hk_, axis=1)
+                cq += tl.sum(hq_, axis=1)
+                kq += tl.sum(kt * qt, axis=0)
             tl.store(rk + tok * K + okc, k_raw, mask=(okc < K) & append_k)
-        if READ_FMT == READ_CHECKPOINT:
+        if RC_PW > 1:
+            pu *= bscale
+            pr *= bscale
+        if ACC:
+            au += pu
+            ar += pr
+        elif READ_FMT == READ_CHECKPOINT:
             u += tl.sum(pu, axis=0)
             r += tl.sum(pr, axis=0)
-        elif RC_PW == 1:
+        else:
             u += tl.sum(pu, axis=1)
             r += tl.sum(pr, axis=1)
-        else:
-            u += tl.sum(pu * bscale, axis=1)
-            r += tl.sum(pr * bscale, axis=1)
+    if ACC:
+        u = tl.sum(au, axis=0 if READ_FMT == READ_CHECKPOINT else 1)
+        r = tl.sum(ar, axis=0 if READ_FMT == READ_CHECKPOINT else 1)
+        ck_ = tl.sum(ahk, axis=1)
+        cq = tl.sum(ahq, axis=1)
+        kq += tl.sum(akq, axis=0)
     if RC_PW > 1:
         rsc = tl.load(rc_rs + head + ov, mask=vmask, other=0.0)
         u *= rsc
@@ -370,8 +400,9 @@ def _delta_verify_kernel(
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
     origin = tl.load(origin_ptr + sl)
     active = valid & ~is_flush
+    amask = vmask & active                                 # other rows' state and history are not read
     e = tl.arange(0, BM)
-    hist = e < count
+    hist = (e < count) & active
     pos = (origin + e) % capacity
     tt = tl.arange(0, TT)
     tmask = tt < T
@@ -403,9 +434,9 @@ def _delta_verify_kernel(
     for c in tl.range(0, K // NC, num_stages=STAGES):
         if READ_FMT == READ_CHECKPOINT:
             tile = tl.load(ckpt + sl * c_s + h * c_h + (c * NC + jw)[None, :] * c_k + ov[:, None] * c_v,
-                           mask=vmask[:, None] & wmask[None, :], other=0.0)
+                           mask=amask[:, None] & wmask[None, :], other=0.0)
         else:
-            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (K // 16), ov, vmask, c,
+            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (K // 16), ov, amask, c,
                                            K, RC_CW, NC, RC_PW, NWP)
         for w in tl.static_range(RC_PW):
             okc = c * NC + jw * RC_PW + w                                                     # [NWP]

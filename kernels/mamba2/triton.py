@@ -175,22 +175,25 @@ def _mamba2_decode_kernel(
     BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
-    RC_PW: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr,
+    RC_PW: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr, ACC: tl.constexpr,
 ):
     """Non-flush decode rows (T = 1), arguments as ``_mamba2_flush_kernel``: the state (or read
     copy) is streamed in ``NC``-column chunks through a ``STAGES``-deep pipeline, with the ring's
     B rows of the same columns; flush rows are left to the flush pass. An NVFP4 read copy
     moves as 32-bit words of ``RC_PW`` = 8 codes, decoded in registers column-strided (no byte
-    shuffles); fp8 (``RC_PW`` = 1) as bytes, one per column."""
+    shuffles); fp8 (``RC_PW`` = 1) as bytes, one per column. ``ACC``: the chunks' products are
+    summed elementwise and reduced over columns (which lie across lanes) once after the stream,
+    instead of once per chunk."""
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, 1, window)
     origin = tl.load(origin_ptr + sl)
     active = valid & ~is_flush                             # rows this pass owns; flush rows: flush pass
+    amask = pmask & active                                 # other rows' state and history are not read
     g = h // (H // G)
     e = tl.arange(0, BM)
-    hist = e < count
+    hist = (e < count) & active
     pos = (origin + e) % capacity
     tok = (origin + count) % capacity                      # ring entry this token is appended at
     head = (sl * H + h) * P
@@ -210,16 +213,19 @@ def _mamba2_decode_kernel(
     bc = tl.zeros([BM], dtype=tl.float32)                  # B_e . C for the history
     bc_tok = tl.zeros([1], dtype=tl.float32)               # B . C of this token
     jw = tl.arange(0, NC // RC_PW)
+    asc = tl.zeros([BP, NC // RC_PW], dtype=tl.float32)    # ACC: products, reduced after the stream
+    abc = tl.zeros([BM, NC // RC_PW], dtype=tl.float32)
+    abt = tl.zeros([NC // RC_PW], dtype=tl.float32)
     for c in tl.range(0, N // NC, num_stages=STAGES):
         # chunk c as [BP, NC / PW] tiles; element w of word j is column c NC + j PW + w (PW = 1: fp32)
         if READ_FMT == READ_CHECKPOINT:
             tile = tl.load(ckpt + sl * c_s + h * c_h + op[:, None] * c_p + (c * NC + jw)[None, :] * c_n,
-                           mask=pmask[:, None], other=0.0)
+                           mask=amask[:, None], other=0.0)
         elif RC_PW == 1:                                   # fp8 bytes, decoded and scaled here
             tile = load_read_copy(rc_codes + head * RC_CW + c * NC, rc_bs + head * (N // 16) + c * (NC // 16),
-                                  rc_rs + head, op, pmask, READ_FMT, BP, NC, RC_CW, N // 16)
+                                  rc_rs + head, op, amask, READ_FMT, BP, NC, RC_CW, N // 16)
         else:
-            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (N // 16), op, pmask, c,
+            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (N // 16), op, amask, c,
                                            N, RC_CW, NC, RC_PW, NC // RC_PW)
         part = tl.zeros([BP, NC // RC_PW], dtype=tl.float32)
         for w in tl.static_range(RC_PW):
@@ -228,13 +234,23 @@ def _mamba2_decode_kernel(
             b_raw = tl.load(B + i * b_r + g * b_g + on)
             Bh = tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
             part += word_values(tile, w, READ_FMT if RC_PW > 1 else READ_CHECKPOINT) * cc[None, :]
-            bc += tl.sum(Bh * cc[None, :], axis=1)
-            bc_tok += tl.sum(b_raw.to(tl.float32) * cc, axis=0)
+            if ACC:
+                abc += Bh * cc[None, :]
+                abt += b_raw.to(tl.float32) * cc
+            else:
+                bc += tl.sum(Bh * cc[None, :], axis=1)
+                bc_tok += tl.sum(b_raw.to(tl.float32) * cc, axis=0)
             tl.store(rB + tok * N + on, b_raw, mask=(on < N) & append_B)
-        if RC_PW == 1:
-            sc += tl.sum(part, axis=1)
+        if RC_PW > 1:
+            part *= bscale
+        if ACC:
+            asc += part
         else:
-            sc += tl.sum(part * bscale, axis=1)
+            sc += tl.sum(part, axis=1)
+    if ACC:
+        sc = tl.sum(asc, axis=1)
+        bc = tl.sum(abc, axis=1)
+        bc_tok += tl.sum(abt, axis=0)
     if RC_PW > 1:
         sc *= tl.load(rc_rs + head + op, mask=pmask, other=0.0)
 
@@ -292,9 +308,10 @@ def _mamba2_verify_kernel(
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
     origin = tl.load(origin_ptr + sl)
     active = valid & ~is_flush
+    amask = pmask & active                                 # other rows' state and history are not read
     g = h // (H // G)
     e = tl.arange(0, BM)
-    hist = e < count
+    hist = (e < count) & active
     new = (e >= count) & (e < count + T)
     tok_e = tl.maximum(e - count, 0)                       # token index of window entry e (new entries)
     pos = (origin + e) % capacity
@@ -321,9 +338,9 @@ def _mamba2_verify_kernel(
     for c in tl.range(0, N // NC, num_stages=STAGES):
         if READ_FMT == READ_CHECKPOINT:
             tile = tl.load(ckpt + sl * c_s + h * c_h + op[:, None] * c_p + (c * NC + jw)[None, :] * c_n,
-                           mask=pmask[:, None] & wmask[None, :], other=0.0)
+                           mask=amask[:, None] & wmask[None, :], other=0.0)
         else:
-            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (N // 16), op, pmask, c,
+            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (N // 16), op, amask, c,
                                            N, RC_CW, NC, RC_PW, NWP)
         for w in tl.static_range(RC_PW):
             on = c * NC + jw * RC_PW + w                                                    # [NWP]
