@@ -90,8 +90,6 @@ CANDIDATES = {
                          dict(rows=32, num_warps=4, stages=2, dot="tf32x3")],
     },
 }
-for _fam in CANDIDATES.values():
-    _fam["read_fp8"] = _fam["decode"]
 # kind -> (read formats, tokens, fill); the flush is also timed with the ring sized for 8 tokens; the
 # _vk kinds run on a [S, HV, V, K] checkpoint (the SGLang / TRT-LLM adapters' layout)
 SETUPS = {"decode": (["checkpoint"], 1, 7), "read_fp8": (["fp8"], 1, 7), "read": (["nvfp4"], 1, 7),
@@ -121,12 +119,13 @@ def sweep(name, batch, kinds):
     saved = {k: dict(v) for k, v in table.items()}
     print(f"\n{name} batch {batch} (tiles now {saved})")
     for kind in kinds:
-        if kind not in CANDIDATES[fam]:          # flush_replay is the delta families' only
+        candidates = CANDIDATES[fam].get("decode" if kind == "read_fp8" else kind)
+        if candidates is None:                   # flush_replay and the _vk kinds are the delta families' only
             continue
         formats, T, fill = SETUPS[kind]
         print(f"{kind:>7}: " + " ".join(f"{f + ' us':>14}" for f in formats) + f" {'max |dy|':>9}  tile")
         first = None
-        for tile in CANDIDATES[fam][kind]:
+        for tile in candidates:
             table[kind] = tile
             try:
                 layout = "vk" if kind.endswith("_vk") else "kv"
