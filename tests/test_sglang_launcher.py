@@ -49,6 +49,27 @@ def test_dry_run_spec_and_checkpoint_dtype(environ, capsys):
                                         "triton"]
 
 
+@pytest.fixture
+def gpu_platform(monkeypatch):
+    """SGLang resolves extra_buffer only on GPU platforms: its platform predicate, as on a GPU."""
+    from sglang.srt.arg_groups import mamba_hook
+    monkeypatch.setattr(mamba_hook, "_platform_supports_mamba_cache_extra_buffer", lambda: True)
+
+
+def test_dry_run_extra_buffer(environ, capsys, gpu_platform):
+    strategy = ["--mamba-radix-cache-strategy", "extra_buffer"]
+    out = _dry_run(capsys, ["--replay-ssm"] + MODEL + strategy)
+    assert out["sglang_args"] == MODEL + strategy + ["--mamba-ssm-dtype", "float32", "--disable-overlap-schedule",
+                                                     "--disable-cuda-graph", "--linear-attn-decode-backend", "triton",
+                                                     "--linear-attn-verify-backend", "triton"]
+
+
+def test_extra_buffer_with_speculative_decoding_is_refused(environ, gpu_platform):
+    with pytest.raises(SystemExit, match="--mamba-radix-cache-strategy: extra_buffer with speculative decoding"):
+        launch_server.main(["--replay-ssm", "--dry-run"] + MODEL + SPEC + ["--mamba-radix-cache-strategy",
+                                                                          "extra_buffer"])
+
+
 def test_replay_off_passes_everything_through(environ, capsys):
     out = _dry_run(capsys, MODEL + ["--mamba-radix-cache-strategy", "extra_buffer"])
     assert out["replay"] is None and out["env"] == {}
@@ -61,7 +82,8 @@ def test_replay_off_passes_everything_through(environ, capsys):
     (["--speculative-eagle-topk", "2"], "--speculative-eagle-topk: replay verifies a chain of drafts"),
     (["--replay-window", "0"], "--replay-window: expected a positive int"),
     (["--mamba-ssm-dtype", "bfloat16"], "--mamba-ssm-dtype: --replay-checkpoint-dtype float32 stores"),
-    (["--mamba-radix-cache-strategy", "extra_buffer"], "--mamba-radix-cache-strategy: replayssm serves no_buffer only"),
+    (["--mamba-radix-cache-strategy", "extra_buffer_lazy"],
+     "--mamba-radix-cache-strategy: replayssm serves no_buffer and extra_buffer; got extra_buffer_lazy"),
     (["--enable-hierarchical-cache"], "--enable-hierarchical-cache: not served with --replay-ssm"),
     (["--disaggregation-mode", "decode"], "--disaggregation-mode: not served with --replay-ssm"),
     (["--enable-mamba-cache-stochastic-rounding"], "--enable-mamba-cache-stochastic-rounding: not served"),

@@ -85,15 +85,15 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
     if _flag_value(rest, "--mamba-ssm-dtype") is None:
         sglang_args += ["--mamba-ssm-dtype", _SSM_DTYPE[cfg.checkpoint_dtype]]
     strategy = _flag_value(rest, "--mamba-radix-cache-strategy")
-    if strategy not in (None, "no_buffer"):
-        raise SystemExit(f"--mamba-radix-cache-strategy: replayssm serves no_buffer only (its hooks on SGLang's "
-                         f"extra_buffer track copies are tested, SGLang's scheduler and radix flow with track slots "
-                         f"under replay is not); got {strategy}")
+    if strategy not in (None, "no_buffer", "extra_buffer"):
+        raise SystemExit(f"--mamba-radix-cache-strategy: replayssm serves no_buffer and extra_buffer; got {strategy}")
     if strategy is None and "--disable-radix-cache" not in rest:
         sglang_args += ["--mamba-radix-cache-strategy", "no_buffer"]
         strategy = "no_buffer"
-    if strategy == "no_buffer" and "--disable-overlap-schedule" not in rest:
-        sglang_args += ["--disable-overlap-schedule"]          # SGLang's no_buffer needs it
+    if strategy in ("no_buffer", "extra_buffer") and "--disable-overlap-schedule" not in rest:
+        # SGLang's no_buffer needs it; extra_buffer is verified with one track slot per request (the
+        # overlap scheduler's second slot and its lookahead bookkeeping are not)
+        sglang_args += ["--disable-overlap-schedule"]
     if "--disable-cuda-graph" not in rest:
         sglang_args += ["--disable-cuda-graph"]
     for phase in ("decode", "verify"):                          # GDN / KDA: replay replaces the triton kernels
@@ -112,6 +112,9 @@ def check_server_args(server_args) -> None:
         value = getattr(server_args, field)
         if value != fine:
             raise SystemExit(f"{flag}: not served with --replay-ssm ({why}); got {value!r}")
+    if server_args.mamba_radix_cache_strategy == "extra_buffer" and server_args.speculative_algorithm is not None:
+        raise SystemExit("--mamba-radix-cache-strategy: extra_buffer with speculative decoding is not served with "
+                         "--replay-ssm (replay's commit does not move SGLang's track slots); use no_buffer")
 
 
 def main(argv: list[str] | None = None) -> None:

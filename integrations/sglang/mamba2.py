@@ -87,8 +87,8 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_
     if not hasattr(owner, "replay"):
         return False
     if mamba_track_indices is not None:
-        raise RuntimeError("mamba_track_indices: replayssm serves --mamba-radix-cache-strategy no_buffer only; "
-                           "extra_buffer track slots would need the ring and cursors")
+        raise RuntimeError("mamba_track_indices: replayssm serves extra_buffer without speculative decoding only "
+                           "(a verify's track slots would need the ring and cursors); use no_buffer")
     n = last_correct_step_indices.shape[0]
     src_rows = None
     if hlab.pp_spec_stable_rows_enabled() and req_pool_indices is not None:

@@ -1,0 +1,148 @@
+"""A request's replay state through SGLang 0.5.23's extra_buffer radix flow, on the CPU (or the GPU:
+``REPLAYSSM_TEST_DEVICE=cuda``): the request's ping-pong track slot from ``HybridReqToTokenPool.alloc``,
+the decode track indices from ``set_mamba_track_indices_from_reqs``, the track copy
+(``track_mamba_states_all_layers``), the result processor's track bookkeeping
+(``SchedulerBatchResultProcessor._mamba_prefix_cache_update``), the finished request's track slot
+donated to ``UnifiedRadixCache``, a match with copy-on-write into a new request, decode on, free.
+Checked against the fp64 step recurrence.
+
+SGLang resolves ``--mamba-radix-cache-strategy extra_buffer`` only on GPU platforms; on the CPU the
+test replaces that one platform predicate (``mamba_hook._platform_supports_mamba_cache_extra_buffer``)
+so SGLang's server arguments resolve as they do on a GPU. The scheduler's decode loop (which step
+tracks, the sequence counters) is the test's own, written from ``ScheduleBatch.prepare_for_decode``
+(a step tracks when the sequence length is a multiple of ``mamba_track_grid``), as are the three
+track fields ``_handle_finish_state_updated_req`` sets on a completed boundary.
+"""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from conftest import DEVICE, TINY_NEMOTRON_H  # noqa: E402
+from helpers import TOL, rms_ratio  # noqa: E402
+from test_sglang_radix import _admit, _forward_prep  # noqa: E402
+from test_sglang_replay import LAYERS, Run, _cache_params  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("test_device")
+INTERVAL = 8                        # --mamba-track-interval (the tiny model's chunk size is 8 too)
+
+
+@pytest.fixture
+def extra_buffer_args(server_args, tmp_path, monkeypatch):
+    """SGLang's process-wide server arguments resolved for extra_buffer; the session's after."""
+    from sglang.srt.arg_groups import mamba_hook
+    from sglang.srt.server_args import prepare_server_args, set_global_server_args_for_scheduler
+
+    monkeypatch.setattr(mamba_hook, "_platform_supports_mamba_cache_extra_buffer", lambda: True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "config.json").write_text(json.dumps(TINY_NEMOTRON_H))
+    args = prepare_server_args(["--model-path", str(tmp_path), "--device", DEVICE, "--skip-tokenizer-init",
+                                "--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval",
+                                str(INTERVAL), "--disable-overlap-schedule"])
+    set_global_server_args_for_scheduler(args)
+    yield args
+    set_global_server_args_for_scheduler(server_args)
+
+
+def _pools():
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    req_pool = HybridReqToTokenPool(size=8, mamba_size=10, mamba_spec_state_size=8, max_context_len=64, device=DEVICE,
+                                    enable_memory_saver=False, cache_params=_cache_params(), mamba_layer_ids=LAYERS,
+                                    enable_mamba_extra_buffer=True, enable_overlap_schedule=False)
+    kv = TokenToKVPoolAllocator(size=64, dtype=torch.float32, device=DEVICE, kvcache=None, need_sort=False)
+    cache = UnifiedRadixCache(CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=kv,
+                                              page_size=1, enable_mamba_extra_buffer=True,
+                                              tree_components=(ComponentType.FULL, ComponentType.MAMBA)))
+    return req_pool, cache
+
+
+def _decode_step(run, cache, req, slot, token):
+    """One decode step of ``req`` as the scheduler runs it: the forward (the track copy on a
+    boundary, after the step's state update), then the result: the token, the committed length
+    and, on a boundary, SGLang's track bookkeeping. Returns whether the step tracked."""
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
+    from sglang.srt.managers.schedule_batch import set_mamba_track_indices_from_reqs
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+    from sglang.srt.runtime_context import mamba_track_grid
+
+    mp = run.req_pool.mamba_pool
+    seq_len = req.kv.kv_committed_len + 1                 # the batch's seq_lens: this step's token included
+    boundary = seq_len % mamba_track_grid(cache.page_size) == 0
+    batch = SimpleNamespace(reqs=[req], req_to_token_pool=run.req_pool,
+                            req_pool_indices=torch.tensor([req.kv.req_pool_idx], device=DEVICE))
+    set_mamba_track_indices_from_reqs(batch)
+    assert run.decode(slot) < TOL["fp8"]
+    if boundary:
+        mask = torch.ones(1, dtype=torch.bool, device=DEVICE)
+        hlab.track_mamba_states_all_layers(mp.mamba_cache.conv[0], mp.mamba_cache.temporal, slot, mask,
+                                           batch.mamba_track_indices, 1)
+        for layer in range(len(LAYERS)):
+            run.oracle[layer, int(batch.mamba_track_indices[0])] = run.oracle[layer, int(slot[0])].clone()
+    req.output_ids.append(token)
+    req.kv.kv_committed_len = seq_len
+    if boundary:
+        # _handle_finish_state_updated_req on a completed boundary (not lazy, no overlap lookahead) ...
+        req.kv.mamba_last_track_idx = batch.mamba_track_buffer_indices[0]
+        req.kv.mamba_prev_track_seqlen = req.kv.mamba_last_track_seqlen
+        req.kv.mamba_last_track_seqlen = req.kv.kv_committed_len
+        # ... then SGLang's own ping-pong update
+        processor = SimpleNamespace(tree_cache=cache, _mamba_assert_committed_len_lookahead=(
+            SchedulerBatchResultProcessor._mamba_assert_committed_len_lookahead))
+        SchedulerBatchResultProcessor._mamba_prefix_cache_update(processor, req, batch, None, 0, known_boundary=True)
+    return boundary
+
+
+def test_track_slot_enters_the_tree_and_serves_a_match(extra_buffer_args, replay_on):
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+
+    req_pool, cache = _pools()
+    mp = req_pool.mamba_pool
+    run = Run(req_pool, replay_on, torch.Generator().manual_seed(9))
+    prompt = list(range(10, 16))                          # 6 tokens: decode tracks at 8 and 16
+    a, hit = _admit(cache, req_pool, "a", prompt)
+    assert hit.device_prefix_len == 0 and a.kv.mamba_ping_pong_track_buffer.numel() == 1
+    track = a.kv.mamba_ping_pong_track_buffer.clone()
+    slot_a = _forward_prep(req_pool, a)
+    run.twin.refresh(slot_a)
+    run.prefill(slot_a)
+    a.output_ids.append(40)                               # the prefill's token
+    a.kv.kv_committed_len = len(prompt)
+    tracked = [len(prompt) + 1 + t for t in range(12) if _decode_step(run, cache, a, slot_a, 41 + t)]
+    assert tracked == [8, 16] and a.kv.mamba_last_track_seqlen == 16
+    assert int(a.kv.mamba_ping_pong_track_buffer[a.kv.mamba_last_track_idx]) == int(track[0])
+    want = [run.oracle[layer, int(track[0])].clone() for layer in range(len(LAYERS))]
+    assert run.state_error(track) < TOL["float32"]        # the state at token 16, its ring folded in
+    assert mp.replay.cursors["count"][:, track].eq(0).all()
+    assert mp.replay.cursors["count"][:, slot_a].gt(0).any()   # the request's own slot kept decoding in its ring
+
+    a.finished_reason = FINISH_LENGTH(length=13)
+    a.refresh_fill_ids()
+    cache.checkpoint(a, up_to=a.kv.kv_committed_len)      # the track slot is donated: the key ends at 16
+    for layer in range(len(LAYERS)):
+        assert rms_ratio(mp.mamba_cache.temporal[layer, track[0]], want[layer]) < TOL["float32"]
+
+    b, hit = _admit(cache, req_pool, "b", prompt + list(a.output_ids[:10]) + [90, 91])
+    assert hit.device_prefix_len == 16 and int(b.kv.mamba_cow_src_index) == int(track[0])
+    slot_b = _forward_prep(req_pool, b)                   # copy-on-write of the tree's track slot
+    assert mp.replay.cursors["count"][:, slot_b].eq(0).all()
+    for layer in range(len(LAYERS)):
+        run.twin.write_state(layer, slot_b, want[layer].float()[None])
+        run.oracle[layer, int(slot_b[0])] = want[layer]
+    for _ in range(5):                                    # b decodes on from a's tracked state
+        assert run.decode(slot_b) < TOL["fp8"]
+    assert run.state_error(slot_b) < TOL["float32"]
+    for layer in range(len(LAYERS)):                      # the tree's copy is untouched
+        assert rms_ratio(mp.mamba_cache.temporal[layer, track[0]], want[layer]) < TOL["float32"]
+    free_before = req_pool.mamba_allocator.available_size()
+    req_pool.free_mamba_cache(b)
+    # b's own slot and its track slot (one without the overlap scheduler) come back
+    assert req_pool.mamba_allocator.available_size() == free_before + 1 + req_pool.mamba_initial_tracking_slots
