@@ -211,3 +211,50 @@ def test_gdn_backend_kernel_choice_is_checked(server_args, replay_on):
                                                      verify=triton)
     with pytest.raises(RuntimeError, match="--linear-attn-decode-backend: replay routes GDN through the triton"):
         GDNAttnBackend(runner)
+
+
+def test_gdn_decode_track_copies_the_whole_state(replay_on):
+    """SGLang's extra_buffer decode track (``track_mamba_states_if_needed``) on GDN layers, whose state
+    SGLang stores ``[HV, V, K]``: the track slot holds the whole state (ring folded in) with an empty
+    ring, and decodes on from it."""
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
+    from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+    gen = torch.Generator().manual_seed(13)
+    req_pool = _req_pool()
+    mp = req_pool.mamba_pool
+    src, track = req_pool.mamba_allocator.alloc(1), req_pool.mamba_allocator.alloc(1)
+    mp.clear_slots(torch.cat([src, track]))
+    A_log = [torch.randn(HV, generator=gen) * 0.5 - 1 for _ in LAYERS]
+    dt_bias = [torch.randn(HV, generator=gen) for _ in LAYERS]
+    oracle = {}
+    for layer, layer_id in enumerate(LAYERS):
+        state = torch.randn(1, HV, V, K, generator=gen) * 0.3
+        mp.mamba_cache.temporal[layer][src] = state
+        replay_pool.after_prefill(req_pool.mamba2_layer_cache(layer_id).temporal, src)
+        oracle[layer] = state.transpose(-1, -2).double()
+
+    def decode(slot):
+        for layer, layer_id in enumerate(LAYERS):
+            mixed = torch.randn(1, 2 * HK * K + HV * V, generator=gen)
+            a, b = torch.randn(1, HV, generator=gen), torch.randn(1, HV, generator=gen)
+            out = TritonGDNKernel().packed_decode(mixed, a, b, A_log=A_log[layer], dt_bias=dt_bias[layer],
+                                                  scale=K ** -0.5, ssm_states=req_pool.mamba2_layer_cache(layer_id).temporal,
+                                                  cache_indices=slot.to(torch.int32), num_v_heads=HV, head_v_dim=V)
+            y, oracle[layer] = step_oracle(SPEC, oracle[layer], dict(_gating(mixed, a, b, A_log[layer],
+                                                                              dt_bias[layer]), scale=K ** -0.5))
+            assert rms_ratio(out[0], y) < TOL["fp8"]
+
+    for _ in range(6):                                     # window 4: the ring holds 2 tokens
+        decode(src)
+    assert mp.replay.cursors["count"][:, src].eq(2).all()
+    mask = torch.ones(1, dtype=torch.bool, device=DEVICE)
+    for layer_id in LAYERS:
+        cache = req_pool.mamba2_layer_cache(layer_id)
+        hlab.track_mamba_states_if_needed(cache.conv[0], cache.temporal, src, mask, track, 1)
+    assert mp.replay.cursors["count"][:, track].eq(0).all()
+    for layer in range(len(LAYERS)):
+        assert rms_ratio(mp.replay.read_state(layer, track), oracle[layer]) < TOL["float32"]
+    for _ in range(3):                                     # the track slot decodes on (as a copy-on-write target would)
+        decode(track)
+    for layer in range(len(LAYERS)):
+        assert rms_ratio(mp.replay.read_state(layer, track), oracle[layer]) < TOL["float32"]
