@@ -203,3 +203,48 @@ def test_kda_refusals(server_args):
     finally:
         hooks.uninstall()
     assert kda_fused_decode.covered is covered
+
+
+def test_kda_decode_track_copies_the_whole_state(replay_on):
+    """SGLang's extra_buffer decode track (``track_mamba_states_all_layers``) on KDA layers: the track
+    slot holds the whole state (ring folded in, per-channel decays) with an empty ring, and decodes on."""
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
+    from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
+    gen = torch.Generator().manual_seed(23)
+    req_pool = _req_pool()
+    mp = req_pool.mamba_pool
+    src, track = req_pool.mamba_allocator.alloc(1), req_pool.mamba_allocator.alloc(1)
+    mp.clear_slots(torch.cat([src, track]))
+    A_log = [torch.randn(HV, generator=gen) * 0.5 - 1 for _ in LAYERS]
+    dt_bias = [torch.randn(HV * D, generator=gen) for _ in LAYERS]
+    oracle = []
+    for layer, layer_id in enumerate(LAYERS):
+        state = torch.randn(1, HV, D, D, generator=gen) * 0.3
+        mp.mamba_cache.temporal[layer][src] = state
+        replay_pool.after_prefill(req_pool.mamba2_layer_cache(layer_id).temporal, src)
+        oracle.append(state.transpose(-1, -2).double())
+
+    def decode(slot):
+        for layer, layer_id in enumerate(LAYERS):
+            mixed = torch.randn(1, 2 * HK * D + HV * D, generator=gen)
+            a, b = torch.randn(1, HV * D, generator=gen), torch.randn(1, 1, HV, generator=gen)
+            out = TritonKDAKernel().packed_decode(mixed, a, b, scale=D ** -0.5, num_v_heads=HV, head_v_dim=D,
+                                                  replayssm_d=None, A_log=A_log[layer], dt_bias=dt_bias[layer],
+                                                  ssm_states=req_pool.mamba2_layer_cache(layer_id).temporal,
+                                                  cache_indices=slot.to(torch.int32), lower_bound=None)
+            y, oracle[layer] = step_oracle(SPEC, oracle[layer], dict(_gating(mixed, a, b, A_log[layer], dt_bias[layer],
+                                                                              None), scale=D ** -0.5))
+            assert rms_ratio(out[0], y) < TOL["fp8"]
+
+    for _ in range(6):                                     # window 4: the ring holds 2 tokens
+        decode(src)
+    assert mp.replay.cursors["count"][:, src].eq(2).all()
+    mask = torch.ones(1, dtype=torch.bool, device=DEVICE)
+    hlab.track_mamba_states_all_layers(mp.mamba_cache.conv[0], mp.mamba_cache.temporal, src, mask, track, 1)
+    assert mp.replay.cursors["count"][:, track].eq(0).all()
+    for layer in range(len(LAYERS)):
+        assert rms_ratio(mp.replay.read_state(layer, track), oracle[layer]) < TOL["float32"]
+    for _ in range(3):                                     # the track slot decodes on
+        decode(track)
+    for layer in range(len(LAYERS)):
+        assert rms_ratio(mp.replay.read_state(layer, track), oracle[layer]) < TOL["float32"]
