@@ -155,6 +155,16 @@ class Layer:
         self.pool.cursors["origin"][0, : self.batch] = 0
         self.pool.cursors["pending"].zero_()
 
+    def window_fn(self, steps):
+        """``steps`` consecutive committed decodes (cursors advanced) from an empty ring, as one call."""
+        fns = [self.step_fn(self.inputs(1), advance=True)[0] for _ in range(steps)]
+        self.set_fill(0)
+
+        def run():
+            for f in fns:
+                f()
+        return run
+
     def step_fn(self, inp, committed=True, advance=False):
         pool, cfg, spec = self.pool, self.cfg, self.spec
         read = [pool.read[k][0] if pool.read else None for k in ("codes", "block_scale", "row_scale")]
@@ -255,15 +265,9 @@ def bench_model(name, spec, batch, peers, verify_batch):
     layer.set_fill(L - 1)
     flush = timed(fn)
     record(name, batch, "ours flush", flush, batch * (2 * S + L * ring + io))
-    steps = [layer.step_fn(layer.inputs(1), advance=True)[0] for _ in range(L)]
-    layer.set_fill(0)
-
-    def window():
-        for f in steps:
-            f()
-    amort = timed(window) / L
-    record(name, batch, "ours amortized (16-step window)", amort,
-           batch * (S + (2 * S) / L + (L - 1) / 2 * ring + ring + io), correctness=err)
+    window_bytes = batch * (S + (2 * S) / L + (L - 1) / 2 * ring + ring + io)
+    amort = timed(layer.window_fn(L)) / L
+    record(name, batch, "ours amortized (16-step window)", amort, window_bytes, correctness=err)
     for rf in ("fp8", "nvfp4"):
         lq = Layer(spec, batch, read_format=rf)
         fq, _ = lq.step_fn(lq.inputs(1))
@@ -281,15 +285,8 @@ def bench_model(name, spec, batch, peers, verify_batch):
         record(name, batch, "ours non-flush w=7 (vk state)", timed(fv), batch * (S + 8 * ring + io))
         lv.set_fill(L - 1)
         record(name, batch, "ours flush (vk state)", timed(fv), batch * (2 * S + L * ring + io))
-        steps_vk = [lv.step_fn(lv.inputs(1), advance=True)[0] for _ in range(L)]
-        lv.set_fill(0)
-
-        def window_vk():
-            for f in steps_vk:
-                f()
-        record(name, batch, "ours amortized (16-step window, vk state)", timed(window_vk) / L,
-               batch * (S + (2 * S) / L + (L - 1) / 2 * ring + ring + io))
-        del lv, steps_vk
+        record(name, batch, "ours amortized (16-step window, vk state)", timed(lv.window_fn(L)) / L, window_bytes)
+        del lv
     # floors over the same state bytes
     st = layer.state0
     record(name, batch, "floor read", timed(read_floor(st)), batch * S)

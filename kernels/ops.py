@@ -61,10 +61,8 @@ TILES = {
               "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3")},
     "kda": {"decode": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
             "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
-            "read_fp8": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
             "read": dict(rows=128, num_warps=2, chunk=64, stages=2, acc=False),
             "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3"),
-            "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3"),
             "verify": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }
 # codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
