@@ -37,21 +37,23 @@ _compiled: set = set()
 # rows: P (Mamba-2) or V (delta) per program; decode streams the state in `chunk`-column pieces
 # through a `stages`-deep pipeline (`decode_vk`: a [S, HV, V, K] checkpoint; `read_fp8` / `read`:
 # the same over an fp8 / NVFP4 read copy; `acc`: the chunks' products reduced once after the
-# stream); flush is the decode flush pass (Mamba-2: streamed in `chunk`-column pieces like decode;
-# delta `stages`: its replay loop's pipeline depth, `dot`: its cached-d fold's precision;
-# `flush_vk`: on a [S, HV, V, K] checkpoint; `flush_replay`: behind an fp8 / NVFP4 read copy, which
-# replays the window instead of folding the cached d); verify streams the state once for T > 1
+# stream). A delta decode on the checkpoint is one launch that also folds its flush rows, streaming
+# their checkpoint again in `fold_chunk`-channel pieces (`dot`: the fold's precision). flush is the
+# flush pass of the other steps (Mamba-2: streamed in `chunk`-column pieces like decode; delta:
+# the flush-only launch, `flush_vk` on a [S, HV, V, K] checkpoint, `stages` its replay loop's
+# pipeline depth, `dot` its cached-d fold's precision; `flush_replay`: behind an fp8 / NVFP4 read
+# copy, which replays the window instead of folding the cached d); verify streams the state once for T > 1
 # tokens (chunk raised to 16 words for tl.dot; smaller states pad with zero words; `dot`: the
 # products' precision); verify_flush is its flush pass.
 TILES = {
-    "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False),
+    "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False, fold_chunk=16, dot="tf32x3"),
                "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
                "read": dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
                "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3"),
                "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
                "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
-    "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
-              "decode_vk": dict(rows=128, num_warps=4, chunk=32, stages=3, acc=True),
+    "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, dot="tf32x3"),
+              "decode_vk": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True, fold_chunk=16, dot="tf32x3"),
               "read_fp8": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
               "read": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
               "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3"),
@@ -59,8 +61,7 @@ TILES = {
               "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3"),
               "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
               "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3")},
-    "kda": {"decode": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
-            "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
+    "kda": {"decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
             "read": dict(rows=128, num_warps=2, chunk=64, stages=2, acc=False),
             "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3"),
             "verify": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
@@ -86,6 +87,10 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush"]
     if family == "mamba2":
         flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
+    if T == 1 and const["COMMITTED"] and const["READ_FMT"] == 0:      # decode: one launch folds its flush rows too
+        fold = tiles["decode_vk" if vk_tile else "decode"]
+        tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True)
+        return _blocks([(kernels[0], tile, False)], rows, const)
     if T == 0:                                                        # flush-only: the flush pass alone
         plan = []
     elif T > 1:
@@ -97,13 +102,20 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
         pw = _PER_WORD[const["READ_FMT"]]
         dec = tiles["read" if pw > 1 else "read_fp8" if const["READ_FMT"] != 0 else "decode_vk" if vk_tile
                     else "decode"]
-        plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw), False)]
+        plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw, FOLD=False, NF=16,
+                                  dot="ieee"), False)]                  # NF, dot: the fold's, unused here
     plan.append((kernels[2], flush, True))
+    return _blocks(plan, rows, const)
+
+
+def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
+    """(kernel, rows per program, constexprs, warps, is the flush pass) of (kernel, tile, flush pass)."""
     out = []
     for kernel, tile, flush_pass in plan:
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
-                                         ("STAGES", "stages"), ("DOT", "dot"), ("ACC", "acc")) if t in tile}
+                                         ("STAGES", "stages"), ("DOT", "dot"), ("ACC", "acc"), ("FOLD", "FOLD"),
+                                         ("NF", "NF")) if t in tile}
         out.append((kernel, block, {**const, **extra}, tile["num_warps"], flush_pass))
     return out
 

@@ -240,7 +240,9 @@ def test_padded_rows_and_owned_vk_checkpoint():
 def test_decode_tiles_of_several_chunks(monkeypatch, family, layout, read_format):
     """Decode tiles that stream the state's columns (key channels) in two chunks, with and without
     the chunks' products accumulated (``acc``), on both delta checkpoint layouts: outputs match
-    the reference, rings and cursors are bit-exact, and the checkpoint after the flushes matches."""
+    the reference, rings and cursors are bit-exact, and the checkpoint after the flushes matches
+    (a decode on the checkpoint folds its flush rows in the same launch, here in two
+    ``fold_chunk`` pieces too)."""
     if family == "mamba2":
         spec = rs.LayerSpec.mamba2(num_heads=4, head_dim=6, state_dim=32, num_groups=2)
         heads, dim = spec.num_heads, spec.head_dim
@@ -254,7 +256,8 @@ def test_decode_tiles_of_several_chunks(monkeypatch, family, layout, read_format
         for table, kind in (("mamba2", "decode"), ("mamba2", "read_fp8"), ("mamba2", "read"), ("delta", "decode"),
                             ("delta", "decode_vk"), ("delta", "read_fp8"), ("delta", "read"), ("kda", "decode"),
                             ("kda", "decode_vk"), ("kda", "read_fp8"), ("kda", "read")):
-            monkeypatch.setitem(ops.TILES[table], kind, tile)
+            folds = kind.startswith("decode")                  # the decode launch folds its flush rows too
+            monkeypatch.setitem(ops.TILES[table], kind, dict(tile, fold_chunk=16, dot="tf32x3") if folds else tile)
         owned = None
         if layout == "vk":
             owned = torch.full((NL, S, spec.num_v_heads, spec.head_v_dim, spec.head_k_dim), float("nan"), device=DEVICE)

@@ -95,7 +95,7 @@ def _fake_ptx(name, params):
 
 def test_ptx_params_checked_against_tensorrt_order():
     _, entries, _ = _step("mamba2", "decode", "checkpoint")
-    adv = entries[2]  # 5 pointers, n, S, window, capacity (T = 1 is compiled in), 4 aliased output pointers
+    adv = entries[-1]  # 5 pointers, n, S, window, capacity (T = 1 is compiled in), 4 aliased output pointers
     ptr = ".u64 .ptr .global .align 1"
     # + Triton's two scratch pointers; an f32 parameter takes an int32 extra arg (the float's bits)
     ok = _fake_ptx(adv["name"], [ptr] * 5 + [".u32"] * 3 + [".f32"] + [ptr] * 2)

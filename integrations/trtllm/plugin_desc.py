@@ -12,7 +12,8 @@ annotation, so every config of a plugin id has the same outputs: without a read 
 alias the cursors out too (not written) so that TensorRT orders ``advance`` after them.
 
 A replay step is two launches (``kernels/ops.py``: the non-flush pass, then the flush pass) and a
-cursor move, so each step op is three plugin layers:
+cursor move, so each step op is three plugin layers (a decode on the checkpoint, without a read
+copy, is one launch that folds its flush rows too: two layers, no ``_flush``):
 
 | plugin id                            | kernel                         | writes                    |
 |--------------------------------------|--------------------------------|---------------------------|

@@ -83,7 +83,8 @@ def _io(family: str, plugin_id: str) -> tuple[list[str], int]:
             "kda": rs.LayerSpec.kda(num_k_heads=1, num_v_heads=1, head_k_dim=16, head_v_dim=16)}[family]
     name = plugin_id.split("::")[1]
     op = name.removeprefix(family + "_").removesuffix("_flush") if name != "advance" else "decode"
-    descs = pd.describe_step(spec, rs.ReplayConfig(window=4, max_draft_tokens=1), op=op, tokens=1)
+    # with a read copy: a decode on the checkpoint is one launch (no decode_flush layer)
+    descs = pd.describe_step(spec, rs.ReplayConfig(window=4, max_draft_tokens=1, read_format="fp8"), op=op, tokens=1)
     desc = {d.plugin_id: d for d in descs}[plugin_id]
     return [t.name for t in desc.inputs], len(desc.outputs)
 

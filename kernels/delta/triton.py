@@ -192,6 +192,35 @@ def _delta_flush_kernel(
 
 
 @triton.jit
+def fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top, ov, vmask, h, sr_base, ep,
+              K: tl.constexpr, V: tl.constexpr, NF: tl.constexpr, STAGES: tl.constexpr,
+              PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, DOT: tl.constexpr):
+    """The decode kernel's fold of one flush row's ``[K, BV]`` checkpoint tile (``ck``: its head),
+    streamed in ``NF``-channel chunks: ``S = e^{Γ} S0 + Wᵀ D + k dᵀ`` over the history entries
+    (``hist``, ring positions ``pos``; their d ``d_h [BM, BV]``) and this token (``k_tok``,
+    ``g_tok``, ``d_t``), rounded and stored. A scalar gate arrives as ``dec = e^{Γ - Γ_j}`` and
+    ``top = e^{Γ}``; per-channel gates are re-read from the ring chunk by chunk."""
+    jc = tl.arange(0, NF)
+    for c in tl.range(0, K // NF, num_stages=STAGES):
+        okc = c * NF + jc
+        ptr = ck + okc[:, None] * c_k + ov[None, :] * c_v
+        s0 = tl.load(ptr, mask=vmask[None, :], other=0.0).to(tl.float32)                          # [NF, BV]
+        kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0).to(tl.float32)  # [BM, NF]
+        kc = tl.load(k_tok + okc).to(tl.float32)                                                   # [NF]
+        if PER_CHANNEL:
+            g_hc = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0)
+            gt_c = tl.sum(g_hc, axis=0) + tl.load(g_tok + okc).to(tl.float32)
+            w = tl.where(hist[:, None], tl.exp(tl.minimum(gt_c[None, :] - tl.cumsum(g_hc, axis=0), 0.0)), 0.0) * kh
+            s = s0 * tl.exp(gt_c)[:, None]
+        else:
+            w = kh * dec[:, None]
+            s = s0 * top
+        s = tl.dot(tl.trans(w), d_h, acc=s, input_precision=DOT) + kc[:, None] * d_t[None, :]
+        index = h * (K * V) + okc[:, None] * V + ov[None, :]
+        tl.store(ptr, round_checkpoint(s, index, sr_base, ep, CKPT_FMT), mask=vmask[None, :])
+
+
+@triton.jit
 def _delta_decode_kernel(
     ckpt, c_s, c_h, c_k, c_v,
     rc_codes, rc_bs, rc_rs,
@@ -209,7 +238,7 @@ def _delta_decode_kernel(
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, RC_PW: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr,
-    ACC: tl.constexpr,
+    ACC: tl.constexpr, FOLD: tl.constexpr, NF: tl.constexpr, DOT: tl.constexpr,
 ):
     """Non-flush decode rows (T = 1), arguments as ``_delta_flush_kernel``: the state (or read
     copy) is streamed in ``NC``-key-channel chunks through a ``STAGES``-deep pipeline together with
@@ -223,13 +252,22 @@ def _delta_decode_kernel(
     Branch-free: every row computes (a padded row addresses slot 0) and stores are masked, so the
     cursor, state and ring loads are all in flight after the slot index arrives; the state and
     history loads of rows this pass does not own (flush and padded rows) are masked off, so they
-    move no bytes."""
+    move no bytes.
+
+    ``FOLD`` (checkpoint read format only): the flush rows too, so that a decode step is this one
+    launch. A flush row runs the pass above (this token's d and output in output-only form), then
+    streams its checkpoint again (the chunks are still in L2) in ``NF``-channel chunks and folds the
+    window, history and this token: ``S = e^{Γ} S0 + Wᵀ D`` with ``W_j = e^{Γ - Γ_j} ⊙ k_j`` (one
+    ``tl.dot`` per chunk at precision ``DOT``), rounds and stores it. The cached d are the
+    recurrence's own because they came from this checkpoint. That second stream sits behind a
+    branch on the row's cursor: non-flush rows skip it."""
+    tl.static_assert((not FOLD) or (READ_FMT == READ_CHECKPOINT), "the fold flush reads the checkpoint")
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, 1, window)
     origin = tl.load(origin_ptr + sl)
-    active = valid & ~is_flush                             # rows this pass owns; flush rows: flush pass
+    active = valid if FOLD else valid & ~is_flush          # rows this pass owns
     amask = vmask & active                                 # other rows' state and history are not read
     e = tl.arange(0, BM)
     hist = (e < count) & active
@@ -247,8 +285,9 @@ def _delta_decode_kernel(
     else:
         rg = ring_g + (sl * HV + h) * capacity
         g_tok = tl.load(g + i * g_r + h).to(tl.float32)
-        gam = tl.cumsum(tl.where(hist, tl.load(rg + pos, mask=hist, other=0.0),
-                                 tl.where(e == count, g_tok, 0.0)), axis=0)                    # [BM]
+        g_hist = tl.load(rg + pos, mask=hist, other=0.0)                                       # [BM]
+        gam = tl.cumsum(g_hist, axis=0)                    # Γ_j of the history entries
+        gt = tl.sum(g_hist, axis=0) + g_tok                # Γ at this token
     # the history's cached d and this token's v, beta: issued before the state stream
     d_h = tl.load(rd + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :], other=0.0)  # [BM, BV]
     v_raw = tl.load(v + i * v_r + h * v_h + ov, mask=vmask, other=0.0)
@@ -294,14 +333,13 @@ def _delta_decode_kernel(
             kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
             if PER_CHANNEL:
                 g_c = tl.load(g + i * g_r + h * g_h + okc).to(tl.float32)
-                gam_c = tl.cumsum(tl.where(hist[:, None], tl.load(rg + pos[:, None] * K + okc[None, :],
-                                                                  mask=hist[:, None], other=0.0),
-                                           tl.where((e == count)[:, None], g_c[None, :], 0.0)), axis=0)
-                gt = tl.sum(tl.where((e == count)[:, None], gam_c, 0.0), axis=0)
-                dec = tl.where(hist[:, None], tl.exp(tl.minimum(gt[None, :] - gam_c, 0.0)), 0.0) * kh
+                g_hc = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0)  # [BM, NC]
+                gt_c = tl.sum(g_hc, axis=0) + g_c
+                dec = tl.where(hist[:, None], tl.exp(tl.minimum(gt_c[None, :] - tl.cumsum(g_hc, axis=0), 0.0)),
+                               0.0) * kh
                 hk_, hq_ = dec * kt[None, :], dec * qt[None, :]
-                kk = tl.exp(gt) * kt
-                qq = tl.exp(gt) * qt
+                kk = tl.exp(gt_c) * kt
+                qq = tl.exp(gt_c) * qt
                 tl.store(rg + tok * K + okc, g_c, mask=(okc < K) & active & (pid_v == 0))
             else:
                 hk_, hq_ = kh * kt[None, :], kh * qt[None, :]
@@ -345,8 +383,7 @@ def _delta_decode_kernel(
         u *= rsc
         r *= rsc
     if not PER_CHANNEL:
-        gt = tl.sum(tl.where(e == count, gam, 0.0), axis=0)
-        dec = tl.where(hist, tl.exp(tl.minimum(gt - gam, 0.0)), 0.0)
+        dec = tl.where(hist, tl.exp(tl.minimum(gt - gam, 0.0)), 0.0)                          # [BM] e^{Γ - Γ_j}
         ck_ = ck_ * dec
         cq = cq * dec
         top = tl.exp(gt)
@@ -354,6 +391,12 @@ def _delta_decode_kernel(
         r = r * top
     d_t = bt * (v_raw.to(tl.float32) - u - tl.sum(ck_[:, None] * d_h, axis=0))
     o = scale * (r + tl.sum(cq[:, None] * d_h, axis=0) + tl.sum(kq, axis=0) * d_t)
+    if FOLD:
+        if valid & is_flush:
+            fold_rows(ckpt + sl * c_s + h * c_h, c_k, c_v, rk, rg, pos, hist, k + i * k_r + hk * k_h,
+                      g + i * g_r + h * g_h, d_h, d_t, hist if PER_CHANNEL else dec, 1.0 if PER_CHANNEL else top,
+                      ov, vmask, h, sr_base, tl.load(epoch_ptr + sl),
+                      K, V, NF, STAGES, PER_CHANNEL, CKPT_FMT, DOT)
     tl.store(out + i * o_r + h * o_h + ov, tl.where(valid, o, 0.0).to(out.dtype.element_ty),
              mask=vmask & (active | ~valid))
     tl.store(rd + tok * V + ov, d_t, mask=vmask & active)

@@ -1,7 +1,8 @@
 """Mamba-2 replay step in Triton: decode (T = 1) and verify (T tokens).
 
 A step is two launches, one program per (P-tile, head, row) each, every launch handling only
-its rows: the non-flush pass (``_mamba2_decode_kernel`` for T = 1, ``_mamba2_verify_kernel``
+its rows (a decode on the checkpoint is one launch: the decode kernel folds its flush rows too):
+the non-flush pass (``_mamba2_decode_kernel`` for T = 1, ``_mamba2_verify_kernel``
 for T > 1) streams the checkpoint or its read copy once and writes outputs and ring entries
 only; the flush pass (``_mamba2_flush_kernel``) streams the checkpoint in chunks, folds the
 window into each chunk (``e^{lam_F} S0 + (s * x)^T B``, one ``tl.dot``), stores it, evaluates the
@@ -175,7 +176,8 @@ def _mamba2_decode_kernel(
     BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
-    RC_PW: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr, ACC: tl.constexpr,
+    RC_PW: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr, ACC: tl.constexpr, FOLD: tl.constexpr,
+    NF: tl.constexpr, DOT: tl.constexpr,
 ):
     """Non-flush decode rows (T = 1), arguments as ``_mamba2_flush_kernel``: the state (or read
     copy) is streamed in ``NC``-column chunks through a ``STAGES``-deep pipeline, with the ring's
@@ -183,13 +185,20 @@ def _mamba2_decode_kernel(
     moves as 32-bit words of ``RC_PW`` = 8 codes, decoded in registers column-strided (no byte
     shuffles); fp8 (``RC_PW`` = 1) as bytes, one per column. ``ACC``: the chunks' products are
     summed elementwise and reduced over columns (which lie across lanes) once after the stream,
-    instead of once per chunk."""
+    instead of once per chunk.
+
+    ``FOLD`` (checkpoint read format only): the flush rows too, so that a decode step is this one
+    launch. A flush row runs the pass above (its output), then streams its checkpoint again (the
+    chunks are still in L2) in ``NF``-column chunks, folds the window and this token into each,
+    ``S_F = e^{lam_F} S0 + (s ⊙ X)ᵀ B`` (one ``tl.dot`` at precision ``DOT``), rounds and stores
+    it. That second stream sits behind a branch on the row's cursor: non-flush rows skip it."""
+    tl.static_assert((not FOLD) or (READ_FMT == READ_CHECKPOINT), "the fold reads the checkpoint")
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, 1, window)
     origin = tl.load(origin_ptr + sl)
-    active = valid & ~is_flush                             # rows this pass owns; flush rows: flush pass
+    active = valid if FOLD else valid & ~is_flush          # rows this pass owns
     amask = pmask & active                                 # other rows' state and history are not read
     g = h // (H // G)
     e = tl.arange(0, BM)
@@ -271,6 +280,24 @@ def _mamba2_decode_kernel(
              mask=pmask & (active | ~valid))
     tl.store(rx + tok * P + op, x_raw, mask=pmask & active)
     tl.store(rdt + tok, dt_tok, mask=active & (pid_p == 0))
+    if FOLD:
+        if valid & is_flush:
+            # the window is the history and this token (entry count): weights s_e = e^{lam_t - lam_e} dt'_e
+            s_w = tl.where(e <= count, tl.exp(tl.minimum(lam_t - lam, 0.0)) * dtp, 0.0)                 # [BM]
+            xs = tl.trans(tl.where((e == count)[:, None], xt[None, :], xh.to(tl.float32)) * s_w[:, None])  # [BP, BM]
+            decay = tl.exp(lam_t)
+            ep = tl.load(epoch_ptr + sl)
+            jf = tl.arange(0, NF)
+            for c in tl.range(0, N // NF, num_stages=STAGES):
+                on = c * NF + jf
+                ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
+                S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                      # [BP, NF]
+                B_w = (tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0)
+                       + tl.load(B + i * b_r + g * b_g + e[:, None] * 0 + on[None, :], mask=(e == count)[:, None],
+                                 other=0.0)).to(tl.float32)                                            # [BM, NF]
+                S_F = tl.dot(xs, B_w, acc=decay * S0, input_precision=DOT)
+                tl.store(ck, round_checkpoint(S_F, h * (P * N) + op[:, None] * N + on[None, :], sr_base, ep,
+                                              CKPT_FMT), mask=pmask[:, None])
 
 
 @triton.jit
