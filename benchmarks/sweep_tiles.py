@@ -1,20 +1,22 @@
 """Tile sweep: candidate ``ops.TILES`` entries timed at one batch, one table per tile kind.
 
     python benchmarks/sweep_tiles.py [--batch 256] [--models nemotron-h,qwen3.5,kimi-linear]
-                                     [--kinds decode,decode_vk,read_fp8,read,verify,flush,flush_vk,flush_replay]
+                                     [--kinds decode,decode_vk,read_fp8,read,verify,flush,flush_replay]
 
 Per model and kind, each candidate's step time, and the largest output difference from the first
 candidate (the candidates must agree):
-- decode: the non-flush step (w = 7), fp32 checkpoint; decode_vk (GDN / KDA): the same on a
-  [S, HV, V, K] checkpoint, the layout the SGLang and TRT-LLM adapters bind;
-- read_fp8, read: the same over an fp8 / NVFP4 read copy (read_fp8 tries the decode candidates);
+- decode: the non-flush step (w = 7) and the flush step, fp32 checkpoint, and their amortized
+  step (the decode tiles fold the flush rows in the same launch); decode_vk (GDN / KDA): the
+  same on a [S, HV, V, K] checkpoint, the layout the SGLang and TRT-LLM adapters bind;
+- read_fp8, read: the non-flush step over an fp8 / NVFP4 read copy (read_fp8 tries the decode
+  candidates);
 - verify: a T = 8 verify without flush (w = 16 - 1 - 8), ring sized for 8 tokens;
-- flush: the flush step (fp32 checkpoint, NVFP4 read copy, and with the ring sized for 8 tokens);
-  for GDN / KDA the NVFP4 column runs the `flush_replay` tile, not the candidate;
-- flush_vk (GDN / KDA): the flush step on a [S, HV, V, K] checkpoint;
-- flush_replay (GDN / KDA): the flush step behind an NVFP4 read copy (the window replays).
-Decode, read and flush size the ring for decode only (no draft tokens), as bench_decode does,
-except the flush's spec-ring column.
+- flush (Mamba-2): the non-flush and the flush step behind an NVFP4 read copy, and their amortized
+  step (the flush pass is launched at every step; on the checkpoint the decode step's flush is the
+  decode launch's fold: the decode kinds; this tile also serves the flush-only launch);
+- flush_replay (GDN / KDA): the same for the flush pass behind an NVFP4 read copy (the window
+  replays).
+Decode, read and flush size the ring for decode only (no draft tokens), as bench_decode does.
 The chosen entries go into ``ops.TILES`` by hand.
 """
 
@@ -34,14 +36,14 @@ from shapes import MODEL_SPECS, WINDOW  # noqa: E402
 VERIFY_T = 8
 CANDIDATES = {
     "mamba2": {
-        "decode": [dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False),
-                   dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True),
-                   dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
-                   dict(rows=64, num_warps=2, chunk=16, stages=4, acc=True),
-                   dict(rows=64, num_warps=4, chunk=32, stages=3, acc=True),
-                   dict(rows=64, num_warps=2, chunk=64, stages=1, acc=False),
-                   dict(rows=64, num_warps=2, chunk=128, stages=1, acc=False),
-                   dict(rows=64, num_warps=4, chunk=128, stages=1, acc=False)],
+        "decode": [(dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False), 16),
+                   (dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False), 32),
+                   (dict(rows=64, num_warps=4, chunk=32, stages=3, acc=False), 16),
+                   (dict(rows=64, num_warps=4, chunk=32, stages=3, acc=False), 32),
+                   (dict(rows=32, num_warps=2, chunk=32, stages=3, acc=False), 32),
+                   (dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True), 32),
+                   (dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True), 16),
+                   (dict(rows=64, num_warps=2, chunk=16, stages=4, acc=True), 16)],
         "read": [dict(rows=64, num_warps=2, chunk=64, stages=2, acc=False),
                  dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
                  dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True),
@@ -52,33 +54,28 @@ CANDIDATES = {
                    dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
         "flush": [dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3"),
                   dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
-                  dict(rows=32, num_warps=4, chunk=32, stages=2, dot="tf32x3")],
+                  dict(rows=64, num_warps=2, chunk=32, stages=3, dot="tf32x3"),
+                  dict(rows=64, num_warps=8, chunk=32, stages=2, dot="tf32x3")],
     },
     "delta": {
-        "decode": [dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
-                   dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
-                   dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True),
-                   dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
-                   dict(rows=128, num_warps=4, chunk=32, stages=3, acc=True),
-                   dict(rows=64, num_warps=1, chunk=64, stages=1, acc=False),
-                   dict(rows=64, num_warps=2, chunk=64, stages=1, acc=False),
-                   dict(rows=64, num_warps=2, chunk=128, stages=1, acc=False),
-                   dict(rows=64, num_warps=1, chunk=32, stages=1, acc=False),
-                   dict(rows=128, num_warps=4, chunk=32, stages=1, acc=True)],
-        "decode_vk": [dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
-                      dict(rows=64, num_warps=1, chunk=16, stages=3, acc=True),
-                      dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
-                      dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True),
-                      dict(rows=32, num_warps=1, chunk=32, stages=3, acc=True),
-                      dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
-                      dict(rows=128, num_warps=4, chunk=32, stages=3, acc=True),
-                      dict(rows=128, num_warps=4, chunk=16, stages=4, acc=True),
-                      dict(rows=128, num_warps=2, chunk=32, stages=3, acc=True),
-                      dict(rows=128, num_warps=8, chunk=32, stages=3, acc=True),
-                      dict(rows=128, num_warps=4, chunk=64, stages=2, acc=True),
-                      dict(rows=64, num_warps=2, chunk=64, stages=1, acc=False),
-                      dict(rows=64, num_warps=1, chunk=32, stages=1, acc=False),
-                      dict(rows=128, num_warps=4, chunk=32, stages=1, acc=True)],
+        "decode": [(dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False), 16),
+                   (dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False), 32),
+                   (dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True), 16),
+                   (dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True), 32),
+                   (dict(rows=128, num_warps=4, chunk=32, stages=3, acc=True), 16),
+                   (dict(rows=128, num_warps=4, chunk=32, stages=3, acc=True), 32),
+                   (dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True), 16),
+                   (dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True), 16),
+                   (dict(rows=64, num_warps=2, chunk=64, stages=2, acc=False), 16),
+                   (dict(rows=64, num_warps=1, chunk=32, stages=2, acc=False), 16)],
+        "decode_vk": [(dict(rows=128, num_warps=4, chunk=32, stages=3, acc=True), 16),
+                      (dict(rows=128, num_warps=4, chunk=32, stages=3, acc=True), 32),
+                      (dict(rows=128, num_warps=2, chunk=32, stages=3, acc=True), 16),
+                      (dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True), 16),
+                      (dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True), 16),
+                      (dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True), 16),
+                      (dict(rows=128, num_warps=4, chunk=16, stages=4, acc=True), 16),
+                      (dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False), 16)],
         "read": [dict(rows=64, num_warps=1, chunk=32, stages=3, acc=False),
                  dict(rows=128, num_warps=2, chunk=64, stages=2, acc=False),
                  dict(rows=64, num_warps=1, chunk=32, stages=3, acc=True),
@@ -92,22 +89,25 @@ CANDIDATES = {
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=128, num_warps=8, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
-        "flush": [dict(rows=32, num_warps=2, stages=2, dot="tf32x3"), dict(rows=32, num_warps=4, stages=2, dot="tf32x3"),
-                  dict(rows=64, num_warps=4, stages=2, dot="tf32x3"), dict(rows=16, num_warps=1, stages=2, dot="tf32x3")],
-        "flush_vk": [dict(rows=32, num_warps=4, stages=2, dot="tf32x3"), dict(rows=16, num_warps=1, stages=2, dot="tf32x3"),
-                     dict(rows=16, num_warps=2, stages=2, dot="tf32x3"), dict(rows=32, num_warps=2, stages=2, dot="tf32x3"),
-                     dict(rows=64, num_warps=4, stages=2, dot="tf32x3"), dict(rows=64, num_warps=8, stages=2, dot="tf32x3")],
         "flush_replay": [dict(rows=32, num_warps=2, stages=2, dot="tf32x3"),
-                         dict(rows=32, num_warps=4, stages=2, dot="tf32x3")],
+                         dict(rows=64, num_warps=4, stages=2, dot="tf32x3"),
+                         dict(rows=128, num_warps=8, stages=2, dot="tf32x3"),
+                         dict(rows=64, num_warps=2, stages=2, dot="tf32x3"),
+                         dict(rows=128, num_warps=4, stages=2, dot="tf32x3")],
     },
 }
-# kind -> (read formats, tokens, fill); the flush is also timed with the ring sized for 8 tokens; the
-# _vk kinds run on a [S, HV, V, K] checkpoint (the SGLang / TRT-LLM adapters' layout)
-SETUPS = {"decode": (["checkpoint"], 1, 7), "read_fp8": (["fp8"], 1, 7), "read": (["nvfp4"], 1, 7),
-          "decode_vk": (["checkpoint"], 1, 7), "flush_vk": (["checkpoint"], 1, WINDOW - 1),
-          "verify": (["checkpoint", "nvfp4"], VERIFY_T, WINDOW - 1 - VERIFY_T),
-          "flush": (["checkpoint", "nvfp4", "checkpoint spec-ring"], 1, WINDOW - 1),
-          "flush_replay": (["nvfp4"], 1, WINDOW - 1)}
+# the decode tiles also fold the flush rows (fold_chunk, dot): candidates without spills by ptxas (sm_90a), and
+# the tiles that were best before the fold joined the decode launch
+for _fam, _kind in (("mamba2", "decode"), ("delta", "decode"), ("delta", "decode_vk")):
+    CANDIDATES[_fam][_kind] = [dict(t, dot="tf32x3", fold_chunk=fc) for t, fc in CANDIDATES[_fam][_kind]]
+# kind -> [(column, read format, tokens, fill)]; the _vk kinds run on a [S, HV, V, K] checkpoint (the
+# SGLang / TRT-LLM adapters' layout). The amortized column is (15 x w=7 + flush) / 16.
+_DECODE = [("w=7", "checkpoint", 1, 7), ("flush", "checkpoint", 1, WINDOW - 1)]
+SETUPS = {"decode": _DECODE, "decode_vk": _DECODE, "read_fp8": [("w=7", "fp8", 1, 7)],
+          "read": [("w=7", "nvfp4", 1, 7)],
+          "verify": [(f, f, VERIFY_T, WINDOW - 1 - VERIFY_T) for f in ("checkpoint", "nvfp4")],
+          "flush": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1)],
+          "flush_replay": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1)]}
 
 
 def _time(spec, batch, read_format, T, fill, state_layout="kv"):
@@ -131,18 +131,22 @@ def sweep(name, batch, kinds):
     print(f"\n{name} batch {batch} (tiles now {saved})")
     for kind in kinds:
         candidates = CANDIDATES[fam].get("decode" if kind == "read_fp8" else kind)
-        if candidates is None:                   # flush_replay and the _vk kinds are the delta families' only
+        if candidates is None:                   # flush_replay and the _vk kinds are the delta families'
             continue
-        formats, T, fill = SETUPS[kind]
-        print(f"{kind:>7}: " + " ".join(f"{f + ' us':>14}" for f in formats) + f" {'max |dy|':>9}  tile")
+        columns = SETUPS[kind]
+        amortized = [c[0] for c in columns] == ["w=7", "flush"]
+        heads = [c[0] + " us" for c in columns] + (["amortized us"] if amortized else [])
+        print(f"{kind:>7}: " + " ".join(f"{h:>14}" for h in heads) + f" {'max |dy|':>9}  tile")
         first = None
         for tile in candidates:
             table[kind] = tile
             try:
                 layout = "vk" if kind.endswith("_vk") else "kv"
-                times, ys = zip(*(_time(spec, batch, f, T, fill, layout) for f in formats))
+                times, ys = zip(*(_time(spec, batch, f, T, fill, layout) for _, f, T, fill in columns))
                 diff = 0.0 if first is None else max((y - f).abs().max().item() for y, f in zip(ys, first))
                 first = ys if first is None else first
+                if amortized:
+                    times += ((WINDOW - 1) * times[0] + times[1]) / WINDOW,
                 print(" " * 9 + " ".join(f"{t:>14.1f}" for t in times) + f" {diff:>9.2e}  {tile}", flush=True)
             except Exception as e:  # a candidate that does not compile is reported, not fatal
                 print(" " * 9 + f"failed: {e!r}  {tile}", flush=True)
@@ -157,7 +161,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--models", default="nemotron-h,qwen3.5,kimi-linear")
-    ap.add_argument("--kinds", default="decode,decode_vk,read_fp8,read,verify,flush,flush_vk,flush_replay")
+    ap.add_argument("--kinds", default="decode,decode_vk,read_fp8,read,verify,flush,flush_replay")
     args = ap.parse_args()
     for name in args.models.split(","):
         sweep(name, args.batch, args.kinds.split(","))
