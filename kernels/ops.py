@@ -75,7 +75,8 @@ _PER_WORD_VERIFY = {0: 1, 1: 4, 2: 8}
 
 def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dict, vk: bool = False) -> list[tuple]:
     """(kernel, rows per program, constexprs, warps, is the flush pass) of the two passes of a step
-    (of the flush pass alone for ``T = 0``: a flush-only launch, ``StatePool.flush`` on the device).
+    (of the flush pass alone for ``T = 0``: a flush-only launch, ``StatePool.flush`` on the device;
+    of the decode kernel alone for a decode on the checkpoint, which folds its flush rows too).
 
     ``kernels``: (decode, verify, flush) Triton functions of the family; ``vk``: the checkpoint's
     key channels are contiguous (a framework's ``[S, HV, V, K]`` tensor), which has its own decode
@@ -211,7 +212,8 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
                 B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
                 z: Optional[torch.Tensor], out: torch.Tensor, window: int, committed: bool, checkpoint_format: int,
                 read_format: int, sr_base: int) -> list[Launch]:
-    """Validated launches of one Mamba-2 step (non-flush pass, flush pass); see ``mamba2_step``."""
+    """Validated launches of one Mamba-2 step (non-flush pass, flush pass; a decode on the checkpoint
+    is one launch); see ``mamba2_step``."""
     S, H, P, N = checkpoint.shape
     n, T = x.shape[:2]
     _require_committed(committed, T)
@@ -292,7 +294,8 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
                epoch: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, scale: float, window: int, committed: bool,
                checkpoint_format: int, read_format: int, sr_base: int) -> list[Launch]:
-    """Validated launches of one GDN / KDA step (non-flush pass, flush pass); see ``delta_step``."""
+    """Validated launches of one GDN / KDA step (non-flush pass, flush pass; a decode on the
+    checkpoint is one launch); see ``delta_step``."""
     S, HV, K, V = checkpoint.shape
     n, T = v.shape[:2]
     _require_committed(committed, T)

@@ -79,7 +79,8 @@ def layer_entry(desc: pd.PluginDesc, *, name: str, shared: int) -> dict:
 
 def build_step(spec, cfg, *, op: str, tokens: int, layer: int = 0, has_z: bool = False, state_layout: str = "kv",
                arch: str | None = None) -> dict:
-    """The manifest of one layer's step (non-flush pass, flush pass, cursor advance), PTX included.
+    """The manifest of one layer's step (non-flush pass, flush pass, cursor advance; a decode on the
+    checkpoint has no flush pass), PTX included.
 
     Args:
         spec, cfg, op, tokens, layer, has_z, state_layout: as ``plugin_desc.describe_step``.

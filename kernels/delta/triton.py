@@ -12,7 +12,9 @@ only its rows:
   the read format the cached d are the recurrence's own and the history folds as one product;
   behind an fp8 / NVFP4 read copy the window replays step by step from the raw inputs (k, v, g,
   beta; loads pipelined across entries), so the copy's rounding never reaches the checkpoint.
-Cursors are only read. Derivation: README.md beside this file; reference: reference.py.
+A decode on the checkpoint is one launch instead: the decode kernel also folds its flush rows
+(``FOLD``; ``fold_rows``), since an early-exit flush launch cost about as much as a quarter of
+the decode pass at batch 256. Cursors are only read. Derivation: README.md beside this file; reference: reference.py.
 """
 
 from __future__ import annotations
