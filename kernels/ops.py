@@ -37,8 +37,8 @@ _compiled: set = set()
 # rows: P (Mamba-2) or V (delta) per program; decode streams the state in `chunk`-column pieces
 # through a `stages`-deep pipeline (`decode_vk`: a [S, HV, V, K] checkpoint; `read_fp8` / `read`:
 # the same over an fp8 / NVFP4 read copy; `acc`: the chunks' products reduced once after the
-# stream). A delta decode on the checkpoint is one launch that also folds its flush rows, streaming
-# their checkpoint again in `fold_chunk`-channel pieces (`dot`: the fold's precision). flush is the
+# stream). A decode on the checkpoint is one launch that also folds its flush rows, streaming their
+# checkpoint again in `fold_chunk`-column pieces (`dot`: the fold's precision). flush is the
 # flush pass of the other steps (Mamba-2: streamed in `chunk`-column pieces like decode; delta:
 # the flush-only launch, `flush_vk` on a [S, HV, V, K] checkpoint, `stages` its replay loop's
 # pipeline depth, `dot` its cached-d fold's precision; `flush_replay`: behind an fp8 / NVFP4 read
