@@ -13,7 +13,7 @@ only its rows:
   behind an fp8 / NVFP4 read copy the window replays step by step from the raw inputs (k, v, g,
   beta; loads pipelined across entries), so the copy's rounding never reaches the checkpoint.
 A decode on the checkpoint is one launch instead: the decode kernel also folds its flush rows
-(``FOLD``; ``fold_rows``), since an early-exit flush launch cost about as much as a quarter of
+(``FOLD``; ``_fold_rows``), since an early-exit flush launch cost about as much as a quarter of
 the decode pass at batch 256. Cursors are only read. Derivation: README.md beside this file; reference: reference.py.
 """
 
@@ -194,7 +194,7 @@ def _delta_flush_kernel(
 
 
 @triton.jit
-def fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top, ov, vmask, h, sr_base, ep,
+def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top, ov, vmask, h, sr_base, ep,
               K: tl.constexpr, V: tl.constexpr, NF: tl.constexpr, STAGES: tl.constexpr,
               PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, DOT: tl.constexpr):
     """The decode kernel's fold of one flush row's ``[K, BV]`` checkpoint tile (``ck``: its head),
@@ -395,7 +395,7 @@ def _delta_decode_kernel(
     o = scale * (r + tl.sum(cq[:, None] * d_h, axis=0) + tl.sum(kq, axis=0) * d_t)
     if FOLD:
         if valid & is_flush:
-            fold_rows(ckpt + sl * c_s + h * c_h, c_k, c_v, rk, rg, pos, hist, k + i * k_r + hk * k_h,
+            _fold_rows(ckpt + sl * c_s + h * c_h, c_k, c_v, rk, rg, pos, hist, k + i * k_r + hk * k_h,
                       g + i * g_r + h * g_h, d_h, d_t, hist if PER_CHANNEL else dec, 1.0 if PER_CHANNEL else top,
                       ov, vmask, h, sr_base, tl.load(epoch_ptr + sl),
                       K, V, NF, STAGES, PER_CHANNEL, CKPT_FMT, DOT)
