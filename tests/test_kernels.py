@@ -97,10 +97,13 @@ class Twin:
                 assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"read copy {name} differs"
 
 
-def _pair_tol(cfg):
+def _pair_tol(cfg, decode_only=False):
+    """Kernel vs reference outputs. Decodes read the same read-copy bytes in both, so they agree as
+    closely as on the checkpoint; a verify behind a read copy does not (the reference re-solves the
+    window's d where the kernel reads them from the d cache, both within the copy's rounding)."""
     if cfg.ring_dtype == "bfloat16":
         return 2e-2
-    if cfg.read_format != "checkpoint":
+    if cfg.read_format != "checkpoint" and not decode_only:
         return 5e-2
     return 2e-5 if cfg.checkpoint_dtype == "float32" else 1e-2
 
@@ -295,7 +298,7 @@ def test_decode_tiles_of_several_chunks(monkeypatch, family, layout, read_format
             out = torch.full((n, heads, dim), float("nan"), device=DEVICE)
             y_t = rs.decode(tri, 0, st, out=out, **inp)
             y_r = rs.decode(ref, 0, sr, **inp)
-            assert rms_ratio(y_t, y_r) < _pair_tol(cfg), (acc, rms_ratio(y_t, y_r))
+            assert rms_ratio(y_t, y_r) < _pair_tol(cfg, decode_only=True), (acc, rms_ratio(y_t, y_r))
         for name in ref.ring:
             if name != "d":
                 assert torch.equal(ref.ring[name], tri.ring[name]), (acc, name)
