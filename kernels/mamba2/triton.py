@@ -292,9 +292,9 @@ def _mamba2_decode_kernel(
                 on = c * NF + jf
                 ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
                 S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                      # [BP, NF]
-                B_w = (tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0)
-                       + tl.load(B + i * b_r + g * b_g + e[:, None] * 0 + on[None, :], mask=(e == count)[:, None],
-                                 other=0.0)).to(tl.float32)                                            # [BM, NF]
+                B_w = tl.where((e == count)[:, None], tl.load(B + i * b_r + g * b_g + on).to(tl.float32)[None, :],
+                               tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None],
+                                       other=0.0).to(tl.float32))                                      # [BM, NF]
                 S_F = tl.dot(xs, B_w, acc=decay * S0, input_precision=DOT)
                 tl.store(ck, round_checkpoint(S_F, h * (P * N) + op[:, None] * N + on[None, :], sr_base, ep,
                                               CKPT_FMT), mask=pmask[:, None])
