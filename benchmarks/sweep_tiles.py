@@ -111,10 +111,8 @@ SETUPS = {"decode": _DECODE, "decode_vk": _DECODE, "read_fp8": [("w=7", "fp8", 1
 
 
 def _time(spec, batch, read_format, T, fill, state_layout="kv"):
-    spec_ring = read_format.endswith(" spec-ring")
-    read_format = read_format.split()[0]
-    layer = Layer(spec, batch, read_format=read_format,
-                  max_draft_tokens=VERIFY_T - 1 if T > 1 or spec_ring else 0, state_layout=state_layout)
+    layer = Layer(spec, batch, read_format=read_format, max_draft_tokens=VERIFY_T - 1 if T > 1 else 0,
+                  state_layout=state_layout)
     fn, out = layer.step_fn(layer.inputs(T), committed=T == 1)
     layer.set_fill(fill)
     t = timed(fn)

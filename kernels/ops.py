@@ -82,16 +82,16 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     key channels are contiguous (a framework's ``[S, HV, V, K]`` tensor), which has its own decode
     and flush tiles."""
     tiles = {**TILES["delta"], **TILES["kda"]} if family == "kda" else TILES[family]
-    tt = max(16, triton.next_power_of_2(T)) if T != 1 else 1
-    replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
     vk_tile = vk and const["READ_FMT"] == 0
-    flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush"]
-    if family == "mamba2":
-        flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
     if T == 1 and const["COMMITTED"] and const["READ_FMT"] == 0:      # decode: one launch folds its flush rows too
         fold = tiles["decode_vk" if vk_tile else "decode"]
         tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True)
         return _blocks([(kernels[0], tile, False)], rows, const)
+    tt = max(16, triton.next_power_of_2(T)) if T != 1 else 1
+    replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
+    flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush"]
+    if family == "mamba2":
+        flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
     if T == 0:                                                        # flush-only: the flush pass alone
         plan = []
     elif T > 1:
