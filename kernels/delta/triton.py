@@ -13,7 +13,7 @@ only its rows:
   behind an fp8 / NVFP4 read copy the window replays step by step from the raw inputs (k, v, g,
   beta; loads pipelined across entries), so the copy's rounding never reaches the checkpoint.
 A decode on the checkpoint is one launch instead: the decode kernel also folds its flush rows
-(``FOLD``; ``_fold_rows``), since an early-exit flush launch cost about as much as a quarter of
+(``FOLD``; ``_fold_rows``), since an early-exit flush launch cost about a fifth of
 the decode pass at batch 256. Cursors are only read. Derivation: README.md beside this file; reference: reference.py.
 """
 
