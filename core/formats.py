@@ -9,9 +9,10 @@ K for GDN/KDA), blocks of 16 consecutive cols:
 | nvfp4  | e2m1, two per byte, low = even   | e4m3                 | fp32      | 0.5 + 1/16 + 4/cols |
 
 Encode per row r: ``g_r = amax_r * fp32(1 / (E * 448))`` (E = 448 for fp8, 6 for nvfp4),
-``s_b = e4m3(amax_b / (E * g_r))``, ``q = round(x / (s_b * g_r))`` saturated to ``±E``;
-decode ``x ≈ q * s_b * g_r``. A row of zeros encodes to zeros. Divisions are IEEE (round to
-nearest) and ``g_r`` a product, so every device produces the same bytes.
+``s_b = e4m3(amax_b / (E * g_r))``, ``q = round(x * fp32(1 / (s_b * g_r)))`` saturated to ``±E``
+(one division per block, not per element); decode ``x ≈ q * s_b * g_r``. A row of zeros encodes
+to zeros. Divisions are IEEE (round to nearest) and ``g_r`` a product, so every device produces
+the same bytes.
 
 Checkpoint formats: float32 (4 B), bfloat16 (2 B, round to nearest even), float16_sr (2 B,
 stochastic rounding with counter-based random bits, reproducible from
@@ -93,8 +94,8 @@ def quantize(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor, tor
     safe_row = torch.where(row_scale > 0, row_scale, torch.ones_like(row_scale))
     block_scale = (amax_b / (emax * safe_row[..., None])).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     denom = block_scale.float() * row_scale[..., None]
-    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
-    q = torch.where(denom[..., None] > 0, xb / safe[..., None], torch.zeros_like(xb))
+    inv = torch.where(denom > 0, 1.0 / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(denom))
+    q = xb * inv[..., None]
     q = q.clamp(-emax, emax).reshape(*lead, rows, cols)
     if fmt == "fp8":
         codes = q.to(torch.float8_e4m3fn)

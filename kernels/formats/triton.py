@@ -93,11 +93,18 @@ def e4m3_decode(code):
 
 @triton.jit
 def e2m1_encode(q):
-    """fp32 (already scaled, |q| <= 6) -> e2m1 codes as uint8, nearest, ties to even code."""
+    """fp32 (already scaled, |q| <= 6) -> e2m1 codes as uint8, nearest, ties to even code.
+
+    The magnitude maps exactly onto a unit grid of its code group (``[0, 2)``: 2m, codes 0-4;
+    ``[2, 4)``: m - 2, codes 4-6; ``[4, 6]``: (m - 4) / 2, codes 6-7); adding 2^23 rounds that to
+    an integer, nearest even, which is the low bits of the sum: the reference's threshold ladder
+    (``replayssm.formats.e2m1_encode``) in a few operations."""
     m = tl.abs(q)
-    code = ((m > 0.25).to(tl.int32) + (m >= 0.75).to(tl.int32) + (m > 1.25).to(tl.int32)
-            + (m >= 1.75).to(tl.int32) + (m > 2.5).to(tl.int32) + (m >= 3.5).to(tl.int32)
-            + (m > 5.0).to(tl.int32))
+    lo = m < 2.0
+    mid = m < 4.0
+    y = tl.where(lo, m * 2.0, tl.where(mid, m - 2.0, (m - 4.0) * 0.5))
+    r = (y + 8388608.0).to(tl.int32, bitcast=True) & 7
+    code = r + tl.where(lo, 0, tl.where(mid, 4, 6))
     return (code | ((q < 0).to(tl.int32) << 3)).to(tl.uint8)
 
 
@@ -128,8 +135,9 @@ def quantize_rows(x, amax_r, FMT: tl.constexpr, EMAX: tl.constexpr, R: tl.conste
     safe_row = tl.where(row_scale > 0, row_scale, 1.0)
     block_scale = e4m3_encode(tl.minimum(tl.math.div_rn(amax_b, tl.broadcast_to(EMAX * safe_row[:, None], amax_b.shape)), 448.0)).to(tl.uint8)
     denom = e4m3_decode(block_scale) * row_scale[:, None]
-    safe = tl.where(denom > 0, denom, 1.0)
-    q = tl.where(denom[:, :, None] > 0, tl.math.div_rn(xb, tl.broadcast_to(safe[:, :, None], xb.shape)), 0.0)
+    inv = tl.where(denom > 0, tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), tl.where(denom > 0, denom, 1.0)),
+                   0.0)                                   # one IEEE division per block
+    q = xb * inv[:, :, None]
     q = tl.reshape(tl.minimum(tl.maximum(q, -EMAX), EMAX), (R, COLS))
     if FMT == READ_FP8:
         codes = e4m3_encode(q).to(tl.uint8)
@@ -185,7 +193,8 @@ def load_read_words(codes_ptr, bs_ptr, rows, row_mask, c, COLS: tl.constexpr, CW
     Returns ``(words int32 [R, NWP], block scales fp32 [R, NWP])``: word j < NC / PW holds the
     ``PW`` columns ``c NC + j PW + w`` (w < PW; PW = 4 for fp8, 8 for nvfp4), read with
     :func:`word_values`; its block scale is the one of all of them (16 divides every word's
-    first column). ``NWP >= NC / PW`` pads the tile with zero words (tl.dot needs 16).
+    first column), times 2^14 for nvfp4, whose word values come as e2m1 x 2^-14. ``NWP >= NC / PW``
+    pads the tile with zero words (tl.dot needs 16).
     Pointers as in :func:`load_read_copy`, rows ``CW`` code bytes apart. Word loads are 4-byte
     aligned (a row's code bytes are a multiple of 4), so they pipeline.
     """
@@ -197,7 +206,14 @@ def load_read_words(codes_ptr, bs_ptr, rows, row_mask, c, COLS: tl.constexpr, CW
                     + jw[None, :], mask=mask, other=0)
     bs = tl.load(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * (COLS // 16)
                  + ((c * NC + jw * PW) // 16)[None, :], mask=mask, other=0)
+    if PW == 8:
+        return words, e4m3_decode(bs) * 16384.0
     return words, e4m3_decode(bs)
+
+
+# fp16 sign and e2m1 magnitude bits of two nibbles 16 bits apart, as int32 (0x80008000, 0x0E000E00)
+_PAIR_SIGN = tl.constexpr(0x80008000 - (1 << 32))
+_PAIR_MAG = tl.constexpr(0x0E000E00)
 
 
 @triton.jit
@@ -205,17 +221,21 @@ def word_values(words, w: tl.constexpr, FMT: tl.constexpr):
     """Element ``w`` of every word of :func:`load_read_words` as fp32 (block and row scales not
     applied); with the checkpoint as the read format the tile holds values (one per word).
 
-    nvfp4: the nibble's sign and 3 magnitude bits placed as fp16 bits ``s.eee.m`` (exponent field
-    e2m1's exponent, top mantissa bit m) give e2m1's value times 2^-14 exactly, subnormals
-    included, so decoding is two shifts, two masks and a bitcast."""
+    nvfp4: e2m1 x 2^-14 (the block scales of :func:`load_read_words` carry the 2^14). A nibble's
+    sign and 3 magnitude bits placed as fp16 bits ``s.eee.m`` (exponent field e2m1's exponent,
+    top mantissa bit m) are e2m1's value times 2^-14 exactly, subnormals included. Nibbles w and
+    w + 4 lie 16 bits apart, so one shift and two masks place both as the two halves of an int32;
+    the unrolled loops over w share that pair (common subexpressions), then each half converts."""
     if FMT == READ_CHECKPOINT:
         return words.to(tl.float32)            # checkpoint values, one per "word"
     elif FMT == READ_FP8:
         return e4m3_decode(words >> (8 * w))
     else:
-        nib = words >> (4 * w)
-        bits = ((nib & 8) << 12) | ((nib & 7) << 9)
-        return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+        y = words >> (4 * (w % 4))
+        pair = ((y << 12) & _PAIR_SIGN) | ((y << 9) & _PAIR_MAG)
+        if w >= 4:
+            pair = pair >> 16
+        return pair.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
