@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -44,26 +45,30 @@ _compiled: set = set()
 # pipeline depth, `dot` its cached-d fold's precision; `flush_replay`: behind an fp8 / NVFP4 read
 # copy, which replays the window instead of folding the cached d); verify streams the state once for T > 1
 # tokens (chunk raised to 16 words for tl.dot; smaller states pad with zero words; `dot`: the
-# products' precision); verify_flush is its flush pass.
+# products' precision); verify_flush is its flush pass. A flush pass's program takes `heads` heads
+# (of one row) in turn: on a step where few rows flush, most programs only read a cursor and exit,
+# and at batch 256 one program per head cost 35-45 us of such exits; the loop costs registers, so
+# the flush step itself is slower (swept 2026-11-30: Mamba-2 NVFP4 1204 -> 1683 us, GDN 1037 ->
+# 1362 us, KDA even) for the same or a better amortized step. Untimed tiles keep 1.
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False, fold_chunk=16, dot="tf32x3"),
                "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
                "read": dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
-               "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3"),
+               "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", heads=16),
                "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-               "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
+               "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", heads=1)},
     "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, dot="tf32x3"),
               "decode_vk": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True, fold_chunk=16, dot="tf32x3"),
               "read_fp8": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
-              "read": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True),
-              "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3"),
-              "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3"),
-              "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3"),
+              "read": dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
+              "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", heads=1),
+              "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", heads=1),
+              "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3", heads=8),
               "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-              "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3")},
+              "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3", heads=1)},
     "kda": {"decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
-            "read": dict(rows=128, num_warps=2, chunk=64, stages=2, acc=False),
-            "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3"),
+            "read": dict(rows=128, num_warps=4, chunk=64, stages=2, acc=True),
+            "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", heads=1),
             "verify": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }
 # codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
@@ -73,10 +78,13 @@ _PER_WORD = {0: 1, 1: 1, 2: 8}
 _PER_WORD_VERIFY = {0: 1, 1: 4, 2: 8}
 
 
-def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dict, vk: bool = False) -> list[tuple]:
+def _passes(family: str, T: int, heads: int, cols: int, rows: int, kernels: tuple, const: dict,
+            vk: bool = False) -> list[tuple]:
     """(kernel, rows per program, constexprs, warps, is the flush pass) of the two passes of a step
     (of the flush pass alone for ``T = 0``: a flush-only launch, ``StatePool.flush`` on the device;
     of the decode kernel alone for a decode on the checkpoint, which folds its flush rows too).
+    The flush pass's ``HPP`` (heads per program) divides ``heads``; its grid is ``heads / HPP``
+    programs per row and row tile.
 
     ``kernels``: (decode, verify, flush) Triton functions of the family; ``vk``: the checkpoint's
     key channels are contiguous (a framework's ``[S, HV, V, K]`` tensor), which has its own decode
@@ -90,6 +98,7 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     tt = max(16, triton.next_power_of_2(T)) if T != 1 else 1
     replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
     flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush"]
+    flush = dict(flush, HPP=math.gcd(heads, flush["heads"]))       # heads per program: a divisor of heads
     if family == "mamba2":
         flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
     if T == 0:                                                        # flush-only: the flush pass alone
@@ -116,7 +125,7 @@ def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
                                          ("STAGES", "stages"), ("DOT", "dot"), ("ACC", "acc"), ("FOLD", "FOLD"),
-                                         ("NF", "NF")) if t in tile}
+                                         ("NF", "NF"), ("HPP", "HPP")) if t in tile}
         out.append((kernel, block, {**const, **extra}, tile["num_warps"], flush_pass))
     return out
 
@@ -241,8 +250,9 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
             x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A,
             dt_bias if dt_bias is not None else A, B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3],
             out, *out.stride()[:3], window, C_cap, sr_base]
-    return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), H, "n"), n, args, {**c, "BP": BP}, nw, fp)
-            for kernel, BP, c, nw, fp in _passes("mamba2", T, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
+    return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), H // c.get("HPP", 1), "n"), n, args, {**c, "BP": BP},
+                   nw, fp)
+            for kernel, BP, c, nw, fp in _passes("mamba2", T, H, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
                                              _mamba2_flush_kernel),
                                              const)]
 
@@ -319,8 +329,9 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,
             epoch, slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
             *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
-    return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV, "n"), n, args, {**c, "BV": BV}, nw, fp)
-            for kernel, BV, c, nw, fp in _passes("kda" if per_channel else "delta", T, K, V,
+    return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV // c.get("HPP", 1), "n"), n, args,
+                   {**c, "BV": BV}, nw, fp)
+            for kernel, BV, c, nw, fp in _passes("kda" if per_channel else "delta", T, HV, K, V,
                                                  (_delta_decode_kernel, _delta_verify_kernel, _delta_flush_kernel),
                                                  const, vk=checkpoint.stride(-2) == 1 and K > 1)]
 

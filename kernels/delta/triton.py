@@ -45,7 +45,7 @@ def _delta_flush_kernel(
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
-    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr,
+    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr, HPP: tl.constexpr,
 ):
     """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
 
@@ -55,142 +55,144 @@ def _delta_flush_kernel(
     only a decode's own token is stepped. Behind an fp8 / NVFP4 read copy the d carry its
     rounding, so every committed entry is replayed from its raw inputs instead."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
-    pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_v, hp, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
     if valid & is_flush:
-        origin = tl.load(origin_ptr + sl)
-        ok = tl.arange(0, K)
-        ck = ckpt + sl * c_s + h * c_h + ok[:, None] * c_k + ov[None, :] * c_v
-        head = (sl * HV + h) * V
-        e = tl.arange(0, BM)
-        hk = h // (HV // HK)
-        rk = ring_k + ((sl * HK + hk) * capacity) * K
-        rv = ring_v + ((sl * HV + h) * capacity) * V
-        rd = ring_d + ((sl * HV + h) * capacity) * V
-        rbeta = ring_beta + (sl * HV + h) * capacity
-        if PER_CHANNEL:
-            rg = ring_g + ((sl * HV + h) * capacity) * K
-        else:
-            rg = ring_g + (sl * HV + h) * capacity
+        for hh in tl.range(0, HPP, num_stages=1):         # the program's heads
+            h = hp * HPP + hh
+            origin = tl.load(origin_ptr + sl)
+            ok = tl.arange(0, K)
+            ck = ckpt + sl * c_s + h * c_h + ok[:, None] * c_k + ov[None, :] * c_v
+            head = (sl * HV + h) * V
+            e = tl.arange(0, BM)
+            hk = h // (HV // HK)
+            rk = ring_k + ((sl * HK + hk) * capacity) * K
+            rv = ring_v + ((sl * HV + h) * capacity) * V
+            rd = ring_d + ((sl * HV + h) * capacity) * V
+            rbeta = ring_beta + (sl * HV + h) * capacity
+            if PER_CHANNEL:
+                rg = ring_g + ((sl * HV + h) * capacity) * K
+            else:
+                rg = ring_g + (sl * HV + h) * capacity
 
-        S = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)                       # [K, BV]
-        n_fold = count + T if COMMITTED else count
-        if READ_FMT == READ_CHECKPOINT:
-            # the history's d came from this checkpoint: fold it as one product
-            hist = e < count
-            pos = (origin + e) % capacity
-            k_hist = tl.load(rk + pos[:, None] * K + ok[None, :], mask=hist[:, None], other=0.0).to(tl.float32)  # [BM, K]
-            d_hist = tl.load(rd + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :],
-                             other=0.0)                                                         # [BM, BV]
-            if PER_CHANNEL:
-                g_w = tl.load(rg + pos[:, None] * K + ok[None, :], mask=hist[:, None], other=0.0)       # [BM, K]
-                g_e = tl.sum(g_w, axis=0)                                                       # [K]
-                w_h = k_hist * tl.exp(g_e[None, :] - tl.cumsum(g_w, axis=0))
-                S = S * tl.exp(g_e)[:, None]
+            S = tl.load(ck, mask=vmask[None, :], other=0.0).to(tl.float32)                       # [K, BV]
+            n_fold = count + T if COMMITTED else count
+            if READ_FMT == READ_CHECKPOINT:
+                # the history's d came from this checkpoint: fold it as one product
+                hist = e < count
+                pos = (origin + e) % capacity
+                k_hist = tl.load(rk + pos[:, None] * K + ok[None, :], mask=hist[:, None], other=0.0).to(tl.float32)  # [BM, K]
+                d_hist = tl.load(rd + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :],
+                                 other=0.0)                                                         # [BM, BV]
+                if PER_CHANNEL:
+                    g_w = tl.load(rg + pos[:, None] * K + ok[None, :], mask=hist[:, None], other=0.0)       # [BM, K]
+                    g_e = tl.sum(g_w, axis=0)                                                       # [K]
+                    w_h = k_hist * tl.exp(g_e[None, :] - tl.cumsum(g_w, axis=0))
+                    S = S * tl.exp(g_e)[:, None]
+                else:
+                    g_w = tl.load(rg + pos, mask=hist, other=0.0)                                   # [BM]
+                    g_e = tl.sum(g_w, axis=0)
+                    w_h = k_hist * tl.exp(g_e - tl.cumsum(g_w, axis=0))[:, None]
+                    S = S * tl.exp(g_e)
+                S += tl.dot(tl.trans(w_h), d_hist, input_precision=DOT)
+                j0 = count
             else:
-                g_w = tl.load(rg + pos, mask=hist, other=0.0)                                   # [BM]
-                g_e = tl.sum(g_w, axis=0)
-                w_h = k_hist * tl.exp(g_e - tl.cumsum(g_w, axis=0))[:, None]
-                S = S * tl.exp(g_e)
-            S += tl.dot(tl.trans(w_h), d_hist, input_precision=DOT)
-            j0 = count
-        else:
-            j0 = 0
-        # exact steps: the committed entries not folded above (all of them behind a read copy, else
-        # a decode's own token) replay on the checkpoint tile; each entry's raw inputs come from the
-        # ring (j < count) or this step's tokens, loaded branch-free so that the next entries' loads
-        # are in flight during this entry's update
-        dj = tl.zeros([BV], dtype=tl.float32)
-        for j in tl.range(j0, n_fold, num_stages=STAGES):
-            p = (origin + j) % capacity
-            rj = j < count
-            t = tl.maximum(j - count, 0)
-            kj = (tl.load(rk + p * K + ok, mask=(ok < K) & rj, other=0.0).to(tl.float32)
-                  + tl.load(k + i * k_r + t * k_t + hk * k_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
-            vj = (tl.load(rv + p * V + ov, mask=vmask & rj, other=0.0).to(tl.float32)
-                  + tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask & ~rj, other=0.0).to(tl.float32))
-            bj = (tl.load(rbeta + p, mask=rj, other=0.0)
-                  + tl.load(beta + i * be_r + t * be_t + h, mask=~rj, other=0.0).to(tl.float32))
-            if PER_CHANNEL:
-                gj = (tl.load(rg + p * K + ok, mask=(ok < K) & rj, other=0.0)
-                      + tl.load(g + i * g_r + t * g_t + h * g_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
-                S = S * tl.exp(gj)[:, None]
-            else:
-                gj = (tl.load(rg + p, mask=rj, other=0.0)
-                      + tl.load(g + i * g_r + t * g_t + h, mask=~rj, other=0.0).to(tl.float32))
-                S = S * tl.exp(gj)
-            dj = bj * (vj - tl.sum(S * kj[:, None], axis=0))
-            S += kj[:, None] * dj[None, :]
-        if COMMITTED:
-            qj = tl.load(q + i * q_r + hk * q_h + ok).to(tl.float32)
-            o = scale * tl.sum(S * qj[:, None], axis=0)
-            tl.store(out + i * o_r + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
-            tl.store(rd + ((origin + n_fold - 1) % capacity) * V + ov, dj, mask=vmask)
-        ep = tl.load(epoch_ptr + sl)
-        index = h * (K * V) + ok[:, None] * V + ov[None, :]
-        stored = round_checkpoint(S, index, sr_base, ep, CKPT_FMT)
-        tl.store(ck, stored, mask=vmask[None, :])
-        if READ_FMT != READ_CHECKPOINT:
-            store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head,
-                            tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, RC_EMAX, BV, K, RC_CW)
-        if not COMMITTED:
-            # a verify's tokens, evaluated from the folded state S (exact): the window is the T tokens
-            wmask = e < T
-            tk = tl.minimum(e, T - 1)
-            k_w = tl.load(k + i * k_r + tk[:, None] * k_t + hk * k_h + ok[None, :], mask=wmask[:, None],
-                          other=0.0).to(tl.float32)                                                # [BM, K]
-            d_w = tl.zeros([BM, BV], dtype=tl.float32)
-            if PER_CHANNEL:
-                g_w = tl.load(g + i * g_r + tk[:, None] * g_t + h * g_h + ok[None, :], mask=wmask[:, None],
-                              other=0.0).to(tl.float32)
-            else:
-                g_w = tl.load(g + i * g_r + tk * g_t + h, mask=wmask, other=0.0).to(tl.float32)
-            gam = tl.cumsum(g_w, axis=0)
+                j0 = 0
+            # exact steps: the committed entries not folded above (all of them behind a read copy, else
+            # a decode's own token) replay on the checkpoint tile; each entry's raw inputs come from the
+            # ring (j < count) or this step's tokens, loaded branch-free so that the next entries' loads
+            # are in flight during this entry's update
+            dj = tl.zeros([BV], dtype=tl.float32)
+            for j in tl.range(j0, n_fold, num_stages=STAGES):
+                p = (origin + j) % capacity
+                rj = j < count
+                t = tl.maximum(j - count, 0)
+                kj = (tl.load(rk + p * K + ok, mask=(ok < K) & rj, other=0.0).to(tl.float32)
+                      + tl.load(k + i * k_r + t * k_t + hk * k_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
+                vj = (tl.load(rv + p * V + ov, mask=vmask & rj, other=0.0).to(tl.float32)
+                      + tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask & ~rj, other=0.0).to(tl.float32))
+                bj = (tl.load(rbeta + p, mask=rj, other=0.0)
+                      + tl.load(beta + i * be_r + t * be_t + h, mask=~rj, other=0.0).to(tl.float32))
+                if PER_CHANNEL:
+                    gj = (tl.load(rg + p * K + ok, mask=(ok < K) & rj, other=0.0)
+                          + tl.load(g + i * g_r + t * g_t + h * g_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
+                    S = S * tl.exp(gj)[:, None]
+                else:
+                    gj = (tl.load(rg + p, mask=rj, other=0.0)
+                          + tl.load(g + i * g_r + t * g_t + h, mask=~rj, other=0.0).to(tl.float32))
+                    S = S * tl.exp(gj)
+                dj = bj * (vj - tl.sum(S * kj[:, None], axis=0))
+                S += kj[:, None] * dj[None, :]
+            if COMMITTED:
+                qj = tl.load(q + i * q_r + hk * q_h + ok).to(tl.float32)
+                o = scale * tl.sum(S * qj[:, None], axis=0)
+                tl.store(out + i * o_r + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
+                tl.store(rd + ((origin + n_fold - 1) % capacity) * V + ov, dj, mask=vmask)
+            ep = tl.load(epoch_ptr + sl)
+            index = h * (K * V) + ok[:, None] * V + ov[None, :]
+            stored = round_checkpoint(S, index, sr_base, ep, CKPT_FMT)
+            tl.store(ck, stored, mask=vmask[None, :])
+            if READ_FMT != READ_CHECKPOINT:
+                store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head,
+                                tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, RC_EMAX, BV, K, RC_CW)
+            if not COMMITTED:
+                # a verify's tokens, evaluated from the folded state S (exact): the window is the T tokens
+                wmask = e < T
+                tk = tl.minimum(e, T - 1)
+                k_w = tl.load(k + i * k_r + tk[:, None] * k_t + hk * k_h + ok[None, :], mask=wmask[:, None],
+                              other=0.0).to(tl.float32)                                                # [BM, K]
+                d_w = tl.zeros([BM, BV], dtype=tl.float32)
+                if PER_CHANNEL:
+                    g_w = tl.load(g + i * g_r + tk[:, None] * g_t + h * g_h + ok[None, :], mask=wmask[:, None],
+                                  other=0.0).to(tl.float32)
+                else:
+                    g_w = tl.load(g + i * g_r + tk * g_t + h, mask=wmask, other=0.0).to(tl.float32)
+                gam = tl.cumsum(g_w, axis=0)
+                for t in tl.static_range(T):
+                    kt = tl.load(k + i * k_r + t * k_t + hk * k_h + ok).to(tl.float32)
+                    qt = tl.load(q + i * q_r + t * q_t + hk * q_h + ok).to(tl.float32)
+                    vt = tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask, other=0.0).to(tl.float32)
+                    bt = tl.load(beta + i * be_r + t * be_t + h).to(tl.float32)
+                    before = e < t
+                    if PER_CHANNEL:
+                        gt = tl.sum(tl.where((e == t)[:, None], gam, 0.0), axis=0)                       # [K]
+                        dec = tl.where(before[:, None] | (e == t)[:, None],
+                                       tl.exp(tl.minimum(gt[None, :] - gam, 0.0)), 0.0) * k_w            # [BM, K]
+                        ck_ = tl.sum(dec * kt[None, :], axis=1)
+                        cq = tl.sum(dec * qt[None, :], axis=1)
+                        top = tl.exp(gt)
+                        u = tl.sum(S * (top * kt)[:, None], axis=0)
+                        r = tl.sum(S * (top * qt)[:, None], axis=0)
+                    else:
+                        gt = tl.sum(tl.where(e == t, gam, 0.0), axis=0)
+                        dec = tl.where(e <= t, tl.exp(tl.minimum(gt - gam, 0.0)), 0.0)                  # [BM]
+                        ck_ = dec * tl.sum(k_w * kt[None, :], axis=1)
+                        cq = dec * tl.sum(k_w * qt[None, :], axis=1)
+                        top = tl.exp(gt)
+                        u = top * tl.sum(S * kt[:, None], axis=0)
+                        r = top * tl.sum(S * qt[:, None], axis=0)
+                    u += tl.sum(tl.where(before, ck_, 0.0)[:, None] * d_w, axis=0)
+                    dt_ = bt * (vt - u)
+                    d_w = tl.where((e == t)[:, None], dt_[None, :], d_w)
+                    o = scale * (r + tl.sum(cq[:, None] * d_w, axis=0))
+                    tl.store(out + i * o_r + t * o_t + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
+                    tl.store(rd + ((origin + count + t) % capacity) * V + ov, dt_, mask=vmask)
+
+            # append this step's raw inputs at ring entries (origin + count + t) % C
             for t in tl.static_range(T):
-                kt = tl.load(k + i * k_r + t * k_t + hk * k_h + ok).to(tl.float32)
-                qt = tl.load(q + i * q_r + t * q_t + hk * q_h + ok).to(tl.float32)
-                vt = tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask, other=0.0).to(tl.float32)
-                bt = tl.load(beta + i * be_r + t * be_t + h).to(tl.float32)
-                before = e < t
-                if PER_CHANNEL:
-                    gt = tl.sum(tl.where((e == t)[:, None], gam, 0.0), axis=0)                       # [K]
-                    dec = tl.where(before[:, None] | (e == t)[:, None],
-                                   tl.exp(tl.minimum(gt[None, :] - gam, 0.0)), 0.0) * k_w            # [BM, K]
-                    ck_ = tl.sum(dec * kt[None, :], axis=1)
-                    cq = tl.sum(dec * qt[None, :], axis=1)
-                    top = tl.exp(gt)
-                    u = tl.sum(S * (top * kt)[:, None], axis=0)
-                    r = tl.sum(S * (top * qt)[:, None], axis=0)
-                else:
-                    gt = tl.sum(tl.where(e == t, gam, 0.0), axis=0)
-                    dec = tl.where(e <= t, tl.exp(tl.minimum(gt - gam, 0.0)), 0.0)                  # [BM]
-                    ck_ = dec * tl.sum(k_w * kt[None, :], axis=1)
-                    cq = dec * tl.sum(k_w * qt[None, :], axis=1)
-                    top = tl.exp(gt)
-                    u = top * tl.sum(S * kt[:, None], axis=0)
-                    r = top * tl.sum(S * qt[:, None], axis=0)
-                u += tl.sum(tl.where(before, ck_, 0.0)[:, None] * d_w, axis=0)
-                dt_ = bt * (vt - u)
-                d_w = tl.where((e == t)[:, None], dt_[None, :], d_w)
-                o = scale * (r + tl.sum(cq[:, None] * d_w, axis=0))
-                tl.store(out + i * o_r + t * o_t + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
-                tl.store(rd + ((origin + count + t) % capacity) * V + ov, dt_, mask=vmask)
-
-        # append this step's raw inputs at ring entries (origin + count + t) % C
-        for t in tl.static_range(T):
-            p = (origin + count + t) % capacity
-            tl.store(rv + p * V + ov, tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask, other=0.0),
-                     mask=vmask)
-            if pid_v == 0:
-                tl.store(rbeta + p, tl.load(beta + i * be_r + t * be_t + h).to(tl.float32))
-                if PER_CHANNEL:
-                    tl.store(rg + p * K + ok, tl.load(g + i * g_r + t * g_t + h * g_h + ok).to(tl.float32))
-                else:
-                    tl.store(rg + p, tl.load(g + i * g_r + t * g_t + h).to(tl.float32))
-                if h % (HV // HK) == 0:
-                    tl.store(rk + p * K + ok, tl.load(k + i * k_r + t * k_t + hk * k_h + ok))
+                p = (origin + count + t) % capacity
+                tl.store(rv + p * V + ov, tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask, other=0.0),
+                         mask=vmask)
+                if pid_v == 0:
+                    tl.store(rbeta + p, tl.load(beta + i * be_r + t * be_t + h).to(tl.float32))
+                    if PER_CHANNEL:
+                        tl.store(rg + p * K + ok, tl.load(g + i * g_r + t * g_t + h * g_h + ok).to(tl.float32))
+                    else:
+                        tl.store(rg + p, tl.load(g + i * g_r + t * g_t + h).to(tl.float32))
+                    if h % (HV // HK) == 0:
+                        tl.store(rk + p * K + ok, tl.load(k + i * k_r + t * k_t + hk * k_h + ok))
 
 
 @triton.jit
@@ -251,10 +253,9 @@ def _delta_decode_kernel(
     are summed elementwise and reduced over channels once after the stream (fewer cross-lane
     reductions where the channels lie across lanes: a [S, HV, V, K] checkpoint, the read copies),
     instead of once per chunk.
-    Branch-free: every row computes (a padded row addresses slot 0) and stores are masked, so the
-    cursor, state and ring loads are all in flight after the slot index arrives; the state and
-    history loads of rows this pass does not own (flush and padded rows) are masked off, so they
-    move no bytes.
+    Flush rows of a two-launch step return at once (computing them masked cost a whole decode
+    pass of arithmetic on a flush step); otherwise branch-free: a padded row computes on slot 0
+    with its state and history loads masked off (no bytes move) and stores only its zero output.
 
     ``FOLD`` (checkpoint read format only): the flush rows too, so that a decode step is this one
     launch. A flush row runs the pass above (this token's d and output in output-only form), then
@@ -268,8 +269,11 @@ def _delta_decode_kernel(
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, 1, window)
+    if not FOLD:
+        if valid & is_flush:                               # the flush pass's row
+            return
     origin = tl.load(origin_ptr + sl)
-    active = valid if FOLD else valid & ~is_flush          # rows this pass owns
+    active = valid                                         # rows this pass owns
     amask = vmask & active                                 # other rows' state and history are not read
     e = tl.arange(0, BM)
     hist = (e < count) & active
@@ -443,8 +447,10 @@ def _delta_verify_kernel(
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
+    if valid & is_flush:                                   # the flush pass's row
+        return
     origin = tl.load(origin_ptr + sl)
-    active = valid & ~is_flush
+    active = valid
     amask = vmask & active                                 # other rows' state and history are not read
     e = tl.arange(0, BM)
     hist = (e < count) & active

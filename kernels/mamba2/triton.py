@@ -45,7 +45,7 @@ def _mamba2_flush_kernel(
     BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
-    NC: tl.constexpr, STAGES: tl.constexpr, TT: tl.constexpr, DOT: tl.constexpr,
+    NC: tl.constexpr, STAGES: tl.constexpr, TT: tl.constexpr, DOT: tl.constexpr, HPP: tl.constexpr,
 ):
     """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
 
@@ -56,105 +56,107 @@ def _mamba2_flush_kernel(
     tokens after F, as the verify kernel). The read copy is re-derived from the stored chunks in a
     second pass once the row maxima are known. ``TT``: T padded to 16 (verify only)."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
-    pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_p, hp, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
     if valid & is_flush:
-        origin = tl.load(origin_ptr + sl)
-        g = h // (H // G)
-        head = (sl * H + h) * P
-        e = tl.arange(0, BM)                                   # window entry
-        hist = e < count
-        new = (e >= count) & (e < count + T)
-        tok = tl.maximum(e - count, 0)                         # token index of new entries
-        pos = (origin + e) % capacity                          # ring entry of window entry e
-        rB = ring_B + ((sl * G + g) * capacity) * N
-        rx = ring_x + ((sl * H + h) * capacity) * P
-        rdt = ring_dt + (sl * H + h) * capacity
-        append_B = (pid_p == 0) & (h % (H // G) == 0)
+        for hh in tl.range(0, HPP, num_stages=1):         # the program's heads
+            h = hp * HPP + hh
+            origin = tl.load(origin_ptr + sl)
+            g = h // (H // G)
+            head = (sl * H + h) * P
+            e = tl.arange(0, BM)                                   # window entry
+            hist = e < count
+            new = (e >= count) & (e < count + T)
+            tok = tl.maximum(e - count, 0)                         # token index of new entries
+            pos = (origin + e) % capacity                          # ring entry of window entry e
+            rB = ring_B + ((sl * G + g) * capacity) * N
+            rx = ring_x + ((sl * H + h) * capacity) * P
+            rdt = ring_dt + (sl * H + h) * capacity
+            append_B = (pid_p == 0) & (h % (H // G) == 0)
 
-        # per-head window scalars: dt' = softplus(dt + dt_bias), lam = cumsum(A dt'), fold weights s
-        dt_new = tl.load(dt + i * dt_r + tok * dt_t + h, mask=new, other=0.0).to(tl.float32)
-        if HAS_DT_BIAS:
-            dt_new += tl.load(dt_bias + h)
-        dt_w = tl.where(hist, tl.load(rdt + pos, mask=hist, other=0.0), tl.where(new, dt_new, 0.0))
-        dtp = tl.where(hist | new, _softplus(dt_w), 0.0)
-        lam = tl.cumsum(tl.load(A + h) * dtp, axis=0)          # [BM]
-        n_fold = count + T if COMMITTED else count
-        lam_F = tl.sum(tl.where(e == n_fold - 1, lam, 0.0), axis=0)      # 0 when nothing folds
-        s = tl.where(e < n_fold, tl.exp(tl.minimum(lam_F - lam, 0.0)) * dtp, 0.0)
-        x_w = (tl.load(rx + pos[:, None] * P + op[None, :], mask=hist[:, None] & pmask[None, :], other=0.0)
-               + tl.load(x + i * x_r + tok[:, None] * x_t + h * x_h + op[None, :],
-                         mask=new[:, None] & pmask[None, :], other=0.0))                        # [BM, BP]
-        xs = tl.trans(x_w.to(tl.float32) * s[:, None])                                          # [BP, BM]
-        decay = tl.exp(lam_F)
-        ep = tl.load(epoch_ptr + sl)
+            # per-head window scalars: dt' = softplus(dt + dt_bias), lam = cumsum(A dt'), fold weights s
+            dt_new = tl.load(dt + i * dt_r + tok * dt_t + h, mask=new, other=0.0).to(tl.float32)
+            if HAS_DT_BIAS:
+                dt_new += tl.load(dt_bias + h)
+            dt_w = tl.where(hist, tl.load(rdt + pos, mask=hist, other=0.0), tl.where(new, dt_new, 0.0))
+            dtp = tl.where(hist | new, _softplus(dt_w), 0.0)
+            lam = tl.cumsum(tl.load(A + h) * dtp, axis=0)          # [BM]
+            n_fold = count + T if COMMITTED else count
+            lam_F = tl.sum(tl.where(e == n_fold - 1, lam, 0.0), axis=0)      # 0 when nothing folds
+            s = tl.where(e < n_fold, tl.exp(tl.minimum(lam_F - lam, 0.0)) * dtp, 0.0)
+            x_w = (tl.load(rx + pos[:, None] * P + op[None, :], mask=hist[:, None] & pmask[None, :], other=0.0)
+                   + tl.load(x + i * x_r + tok[:, None] * x_t + h * x_h + op[None, :],
+                             mask=new[:, None] & pmask[None, :], other=0.0))                        # [BM, BP]
+            xs = tl.trans(x_w.to(tl.float32) * s[:, None])                                          # [BP, BM]
+            decay = tl.exp(lam_F)
+            ep = tl.load(epoch_ptr + sl)
 
-        tt = tl.arange(0, TT)
-        tmask = tt < T
-        yc = tl.zeros([BP], dtype=tl.float32)                  # decode: S_F C
-        sc = tl.zeros([BP, TT], dtype=tl.float32)              # verify: S_F C_t
-        bc = tl.zeros([BM, TT], dtype=tl.float32)              # verify: B_e . C_t
-        amax = tl.zeros([BP], dtype=tl.float32)
-        jn = tl.arange(0, NC)
-        for c in tl.range(0, N // NC, num_stages=STAGES):
-            on = c * NC + jn
-            ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
-            S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                    # [BP, NC]
-            B_w = (tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0)
-                   + tl.load(B + i * b_r + tok[:, None] * b_t + g * b_g + on[None, :], mask=new[:, None],
-                             other=0.0))                                                        # [BM, NC]
-            Bf = B_w.to(tl.float32)
-            S_F = tl.dot(xs, Bf, acc=decay * S0, input_precision=DOT)
-            stored = round_checkpoint(S_F, h * (P * N) + op[:, None] * N + on[None, :], sr_base, ep, CKPT_FMT)
-            tl.store(ck, stored, mask=pmask[:, None])
-            if READ_FMT != READ_CHECKPOINT:
-                amax = tl.maximum(amax, tl.max(tl.abs(stored.to(tl.float32)), axis=1))
-            if COMMITTED:
-                yc += tl.sum(S_F * tl.load(C + i * cc_r + g * cc_g + on).to(tl.float32)[None, :], axis=1)
-            else:
-                Ct = tl.load(C + i * cc_r + tt[None, :] * cc_t + g * cc_g + on[:, None], mask=tmask[None, :],
-                             other=0.0).to(tl.float32)                                          # [NC, TT]
-                sc += tl.dot(S_F, Ct, input_precision=DOT)
-                bc += tl.dot(Bf, Ct, input_precision=DOT)
-            tl.store(rB + pos[:, None] * N + on[None, :], B_w, mask=new[:, None] & append_B)
-        if READ_FMT != READ_CHECKPOINT:
-            # every thread's chunk stores are visible to the whole program after the barrier
-            tl.debug_barrier()
-            store_read_rows_scale(rc_rs + head, amax, op, pmask, RC_EMAX)
+            tt = tl.arange(0, TT)
+            tmask = tt < T
+            yc = tl.zeros([BP], dtype=tl.float32)                  # decode: S_F C
+            sc = tl.zeros([BP, TT], dtype=tl.float32)              # verify: S_F C_t
+            bc = tl.zeros([BM, TT], dtype=tl.float32)              # verify: B_e . C_t
+            amax = tl.zeros([BP], dtype=tl.float32)
+            jn = tl.arange(0, NC)
             for c in tl.range(0, N // NC, num_stages=STAGES):
                 on = c * NC + jn
-                stored = tl.load(ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n,
-                                 mask=pmask[:, None], other=0.0).to(tl.float32)
-                store_read_chunk(rc_codes + head * RC_CW, rc_bs + head * (N // 16), stored, amax, op, pmask, c,
-                                 READ_FMT, RC_EMAX, BP, NC, N, RC_CW)
+                ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
+                S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                    # [BP, NC]
+                B_w = (tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0)
+                       + tl.load(B + i * b_r + tok[:, None] * b_t + g * b_g + on[None, :], mask=new[:, None],
+                                 other=0.0))                                                        # [BM, NC]
+                Bf = B_w.to(tl.float32)
+                S_F = tl.dot(xs, Bf, acc=decay * S0, input_precision=DOT)
+                stored = round_checkpoint(S_F, h * (P * N) + op[:, None] * N + on[None, :], sr_base, ep, CKPT_FMT)
+                tl.store(ck, stored, mask=pmask[:, None])
+                if READ_FMT != READ_CHECKPOINT:
+                    amax = tl.maximum(amax, tl.max(tl.abs(stored.to(tl.float32)), axis=1))
+                if COMMITTED:
+                    yc += tl.sum(S_F * tl.load(C + i * cc_r + g * cc_g + on).to(tl.float32)[None, :], axis=1)
+                else:
+                    Ct = tl.load(C + i * cc_r + tt[None, :] * cc_t + g * cc_g + on[:, None], mask=tmask[None, :],
+                                 other=0.0).to(tl.float32)                                          # [NC, TT]
+                    sc += tl.dot(S_F, Ct, input_precision=DOT)
+                    bc += tl.dot(Bf, Ct, input_precision=DOT)
+                tl.store(rB + pos[:, None] * N + on[None, :], B_w, mask=new[:, None] & append_B)
+            if READ_FMT != READ_CHECKPOINT:
+                # every thread's chunk stores are visible to the whole program after the barrier
+                tl.debug_barrier()
+                store_read_rows_scale(rc_rs + head, amax, op, pmask, RC_EMAX)
+                for c in tl.range(0, N // NC, num_stages=STAGES):
+                    on = c * NC + jn
+                    stored = tl.load(ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n,
+                                     mask=pmask[:, None], other=0.0).to(tl.float32)
+                    store_read_chunk(rc_codes + head * RC_CW, rc_bs + head * (N // 16), stored, amax, op, pmask, c,
+                                     READ_FMT, RC_EMAX, BP, NC, N, RC_CW)
 
-        tok_mask = pmask[:, None] & tmask[None, :]
-        x_tok = tl.load(x + i * x_r + tt[None, :] * x_t + h * x_h + op[:, None], mask=tok_mask,
-                        other=0.0).to(tl.float32)                                               # [BP, TT]
-        if COMMITTED:
-            y = tl.where(tt[None, :] == 0, yc[:, None], 0.0)
-        else:
-            # y_t = e^{lam_t - lam_F} S_F C_t + sum_{F < r <= t} e^{lam_t - lam_r} dt'_r (B_r . C_t) x_r
-            jt = count + tt
-            lam_t = tl.sum(tl.where(e[:, None] == jt[None, :], lam[:, None], 0.0), axis=0)     # [TT]
-            W = tl.where((e[:, None] >= n_fold) & (e[:, None] <= jt[None, :]),
-                         tl.exp(tl.minimum(lam_t[None, :] - lam[:, None], 0.0)) * dtp[:, None] * bc, 0.0)
-            y = (tl.exp(tl.minimum(lam_t - lam_F, 0.0))[None, :] * sc
-                 + tl.dot(tl.trans(x_w.to(tl.float32)), W, input_precision=DOT))               # [BP, TT]
-        if HAS_D:
-            y += tl.load(D + h) * x_tok
-        if HAS_Z:
-            zz = tl.load(z + i * z_r + tt[None, :] * z_t + h * z_h + op[:, None], mask=tok_mask,
-                         other=0.0).to(tl.float32)
-            y = y * zz * tl.sigmoid(zz)
-        tl.store(out + i * o_r + tt[None, :] * o_t + h * o_h + op[:, None], y.to(out.dtype.element_ty),
-                 mask=tok_mask)
+            tok_mask = pmask[:, None] & tmask[None, :]
+            x_tok = tl.load(x + i * x_r + tt[None, :] * x_t + h * x_h + op[:, None], mask=tok_mask,
+                            other=0.0).to(tl.float32)                                               # [BP, TT]
+            if COMMITTED:
+                y = tl.where(tt[None, :] == 0, yc[:, None], 0.0)
+            else:
+                # y_t = e^{lam_t - lam_F} S_F C_t + sum_{F < r <= t} e^{lam_t - lam_r} dt'_r (B_r . C_t) x_r
+                jt = count + tt
+                lam_t = tl.sum(tl.where(e[:, None] == jt[None, :], lam[:, None], 0.0), axis=0)     # [TT]
+                W = tl.where((e[:, None] >= n_fold) & (e[:, None] <= jt[None, :]),
+                             tl.exp(tl.minimum(lam_t[None, :] - lam[:, None], 0.0)) * dtp[:, None] * bc, 0.0)
+                y = (tl.exp(tl.minimum(lam_t - lam_F, 0.0))[None, :] * sc
+                     + tl.dot(tl.trans(x_w.to(tl.float32)), W, input_precision=DOT))               # [BP, TT]
+            if HAS_D:
+                y += tl.load(D + h) * x_tok
+            if HAS_Z:
+                zz = tl.load(z + i * z_r + tt[None, :] * z_t + h * z_h + op[:, None], mask=tok_mask,
+                             other=0.0).to(tl.float32)
+                y = y * zz * tl.sigmoid(zz)
+            tl.store(out + i * o_r + tt[None, :] * o_t + h * o_h + op[:, None], y.to(out.dtype.element_ty),
+                     mask=tok_mask)
 
-        # append this step's tokens at ring entries (origin + count + t) % C
-        tl.store(rx + pos[:, None] * P + op[None, :], x_w, mask=new[:, None] & pmask[None, :])
-        tl.store(rdt + pos, dt_w, mask=new & (pid_p == 0))
+            # append this step's tokens at ring entries (origin + count + t) % C
+            tl.store(rx + pos[:, None] * P + op[None, :], x_w, mask=new[:, None] & pmask[None, :])
+            tl.store(rdt + pos, dt_w, mask=new & (pid_p == 0))
 
 
 @triton.jit
@@ -197,8 +199,11 @@ def _mamba2_decode_kernel(
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, 1, window)
+    if not FOLD:
+        if valid & is_flush:                               # the flush pass's row
+            return
     origin = tl.load(origin_ptr + sl)
-    active = valid if FOLD else valid & ~is_flush          # rows this pass owns
+    active = valid                                         # rows this pass owns
     amask = pmask & active                                 # other rows' state and history are not read
     g = h // (H // G)
     e = tl.arange(0, BM)
@@ -333,8 +338,10 @@ def _mamba2_verify_kernel(
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
+    if valid & is_flush:                                   # the flush pass's row
+        return
     origin = tl.load(origin_ptr + sl)
-    active = valid & ~is_flush
+    active = valid
     amask = pmask & active                                 # other rows' state and history are not read
     g = h // (H // G)
     e = tl.arange(0, BM)
