@@ -1,7 +1,7 @@
 """Gated DeltaNet / KDA replay step in Triton: decode (T = 1) and verify (T tokens).
 
-A step is two launches, one program per (V-tile, value head, row) each, every launch handling
-only its rows:
+A step is two launches, one program per (V-tile, value head, row) each (the flush pass: per
+V-tile, ``HPP`` value heads taken in turn, and row), every launch handling only its rows:
 - the non-flush pass (``_delta_decode_kernel`` for T = 1, ``_delta_verify_kernel`` for T > 1)
   streams the read copy (or checkpoint) once and evaluates the tokens in output-only form:
   ``u_t = S0ᵀ(e^{Γ_t} ⊙ k_t) + Σ_{j<t} c_tj d_j``, ``d_t = β_t (v_t - u_t)``,
@@ -53,7 +53,8 @@ def _delta_flush_kernel(
     checkpoint, so they are the recurrence's own d: the history folds as one product
     ``S = e^{Γ_e} S0 + Wᵀ D`` (``W_j = e^{Γ_e - Γ_j} ⊙ k_j``, ``tl.dot`` at precision ``DOT``) and
     only a decode's own token is stepped. Behind an fp8 / NVFP4 read copy the d carry its
-    rounding, so every committed entry is replayed from its raw inputs instead."""
+    rounding, so every committed entry is replayed from its raw inputs instead. A program takes
+    ``HPP`` heads of its row in turn (grid ``HV / HPP``)."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
     pid_v, hp, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)

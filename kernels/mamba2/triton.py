@@ -1,7 +1,8 @@
 """Mamba-2 replay step in Triton: decode (T = 1) and verify (T tokens).
 
-A step is two launches, one program per (P-tile, head, row) each, every launch handling only
-its rows (a decode on the checkpoint is one launch: the decode kernel folds its flush rows too):
+A step is two launches, one program per (P-tile, head, row) each (the flush pass: per P-tile,
+``HPP`` heads taken in turn, and row), every launch handling only its rows (a decode on the
+checkpoint is one launch: the decode kernel folds its flush rows too):
 the non-flush pass (``_mamba2_decode_kernel`` for T = 1, ``_mamba2_verify_kernel``
 for T > 1) streams the checkpoint or its read copy once and writes outputs and ring entries
 only; the flush pass (``_mamba2_flush_kernel``) streams the checkpoint in chunks, folds the
@@ -54,7 +55,8 @@ def _mamba2_flush_kernel(
     ``tl.dot`` at precision ``DOT``) is stored at once and read by the tokens' ``C`` (decode: the
     token is entry F, so ``y = S_F C + D x``; verify: ``y_t = e^{lam_t - lam_F} S_F C_t +`` the
     tokens after F, as the verify kernel). The read copy is re-derived from the stored chunks in a
-    second pass once the row maxima are known. ``TT``: T padded to 16 (verify only)."""
+    second pass once the row maxima are known. ``TT``: T padded to 16 (verify only). A program
+    takes ``HPP`` heads of its row in turn (grid ``H / HPP``)."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
     pid_p, hp, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
