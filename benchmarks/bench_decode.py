@@ -6,11 +6,13 @@ For each model shape and batch: a correctness gate (our replay step from a fresh
 equals the conventional peer step on the same state), then CUDA-graph timings (median,
 triton.testing.do_bench, which clears L2 between runs):
   ours: non-flush step at ring fill w = 0, 7, 14; flush step (w = 15); a whole window of
-  16 decode steps with cursor moves (amortized); non-flush / flush with fp8 and nvfp4 read copies;
-  verify of T = 2, 4, 8 tokens.
+  16 decode steps with cursor moves (amortized); a staggered step (row r holds r mod 16 entries,
+  so 1/16 of the rows flush: a serving steady state); non-flush / flush / staggered with fp8 and
+  nvfp4 read copies; verify of T = 2, 4, 8 tokens.
   peers (loaded from --peers when present): mamba_ssm selective_state_update, fla
   fused_recurrent_gated_delta_rule (T = 1, 2, 4, 8), fla fused_recurrent_kda_fwd (T = 1 and
-  per-draft snapshots), SGLang 0.5.23 fused_recurrent_linear_replayssm_decode (GDN and KDA).
+  per-draft snapshots), SGLang 0.5.23 fused_recurrent_linear_replayssm_decode (GDN and KDA;
+  at w = 0, 7, 14, flush and staggered).
   floors: device copy, read-only pass and in-place read+write pass over the same state bytes.
 GB/s counts the bytes a step must move (state or read copy, ring entries read and appended,
 activations); see ``bytes_*`` below.
@@ -155,6 +157,13 @@ class Layer:
         self.pool.cursors["origin"][0, : self.batch] = 0
         self.pool.cursors["pending"].zero_()
 
+    def set_staggered(self):
+        """Row r holds r mod L history entries: a serving steady state, where a step flushes 1/L of
+        the rows and the others hold 0 .. L - 2 entries."""
+        self.pool.cursors["count"][0, : self.batch] = torch.arange(self.batch, device=DEV) % WINDOW
+        self.pool.cursors["origin"][0, : self.batch] = 0
+        self.pool.cursors["pending"].zero_()
+
     def window_fn(self, steps):
         """``steps`` consecutive committed decodes (cursors advanced) from an empty ring, as one call."""
         fns = [self.step_fn(self.inputs(1), advance=True)[0] for _ in range(steps)]
@@ -268,6 +277,8 @@ def bench_model(name, spec, batch, peers, verify_batch):
     window_bytes = batch * (S + (2 * S) / L + (L - 1) / 2 * ring + ring + io)
     amort = timed(layer.window_fn(L)) / L
     record(name, batch, "ours amortized (16-step window)", amort, window_bytes, correctness=err)
+    layer.set_staggered()
+    record(name, batch, "ours staggered step (1/16 of rows flush)", timed(fn), window_bytes)
     for rf in ("fp8", "nvfp4"):
         lq = Layer(spec, batch, read_format=rf)
         fq, _ = lq.step_fn(lq.inputs(1))
@@ -277,6 +288,9 @@ def bench_model(name, spec, batch, peers, verify_batch):
         lq.set_fill(L - 1)
         t2 = timed(fq)
         record(name, batch, f"ours flush {rf}", t2, batch * (2 * S + bytes_state(spec, rf) + L * ring + io))
+        lq.set_staggered()
+        record(name, batch, f"ours staggered step {rf}", timed(fq),
+               batch * (bytes_state(spec, rf) + (2 * S + bytes_state(spec, rf)) / L + (L - 1) / 2 * ring + ring + io))
         del lq
     if spec.family != "mamba2":   # the checkpoint in SGLang's layout, as the SGLang adapter binds it
         lv = Layer(spec, batch, state_layout="vk")
@@ -341,6 +355,11 @@ def bench_sglang(name, spec, batch, kernel, st):
         label = f"peer sglang replay w={w}" if w < L - 1 else "peer sglang replay flush"
         nbytes = batch * ((2 if w == L - 1 else 1) * S + w * ring + ring)
         record(name, batch, label, timed(f), nbytes)
+    wp = torch.arange(batch, dtype=torch.int32, device=DEV) % L          # row r at w = r mod L: 1/L of rows flush
+    f = lambda: kernel(qkv, a, b, A_log, dt_bias, K ** -0.5, state, d, kc, gc, out, idx, wp,  # noqa: E731
+                       use_qk_l2norm_in_kernel=True, is_kda=kda)
+    record(name, batch, "peer sglang replay staggered (1/16 of rows flush)", timed(f),
+           batch * (S + S / L + (L - 1) / 2 * ring + ring))
 
 
 def bench_verify(name, spec, batch, peers):

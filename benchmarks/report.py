@@ -60,6 +60,21 @@ def read_format_table(t):
     return "\n".join(rows)
 
 
+def staggered_table(t):
+    """The serving steady state: one step with 1/16 of the rows flushing (row r at r mod 16 entries)."""
+    rows = ["| model | batch | ours fp32 µs | ours fp8 µs | ours nvfp4 µs | SGLang replay µs | vs SGLang (fp32) |",
+            "|---|---|---|---|---|---|---|"]
+    for (model, batch), m in sorted(t.items()):
+        k = "ours staggered step (1/16 of rows flush)"
+        if k not in m:
+            continue
+        us = [m[kk]["us"] if kk in m else None for kk in (k, "ours staggered step fp8", "ours staggered step nvfp4")]
+        sg = m.get("peer sglang replay staggered (1/16 of rows flush)")
+        rows.append(f"| {model} | {batch} | " + " | ".join(f"{u:.0f}" if u else "–" for u in us) + " | "
+                    + (f"{sg['us']:.0f} | {sg['us'] / us[0]:.2f}x |" if sg else "– | – |"))
+    return "\n".join(rows)
+
+
 def verify_table(t):
     rows = ["| model | batch | T | ours verify µs | ours non-flush w=7 µs | verify / non-flush | snapshot baseline µs | "
             "vs baseline |", "|---|---|---|---|---|---|---|---|"]
@@ -119,6 +134,7 @@ def main():
     print(f"GPU {data['gpu']}, torch {data['torch']}, Triton {data['triton']}; copy ceiling {copy:.0f} GB/s\n")
     print(decode_table(t, copy), "\n")
     print(read_format_table(t), "\n")
+    print(staggered_table(t), "\n")
     print(verify_table(t))
     if args.png:
         plot(t, args.png)
