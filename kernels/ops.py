@@ -80,11 +80,12 @@ _PER_WORD_VERIFY = {0: 1, 1: 4, 2: 8}
 
 def _passes(family: str, T: int, heads: int, cols: int, rows: int, kernels: tuple, const: dict,
             vk: bool = False) -> list[tuple]:
-    """(kernel, rows per program, constexprs, warps, is the flush pass) of the two passes of a step
-    (of the flush pass alone for ``T = 0``: a flush-only launch, ``StatePool.flush`` on the device;
-    of the decode kernel alone for a decode on the checkpoint, which folds its flush rows too).
-    The flush pass's ``HPP`` (heads per program) divides ``heads``; its grid is ``heads / HPP``
-    programs per row and row tile.
+    """(kernel, rows per program, programs per row tile, constexprs, warps, is the flush pass) of
+    the two passes of a step (of the flush pass alone for ``T = 0``: a flush-only launch,
+    ``StatePool.flush`` on the device; of the decode kernel alone for a decode on the checkpoint,
+    which folds its flush rows too).
+    The flush pass's ``HPP`` (heads per program) divides ``heads``; it launches ``heads / HPP``
+    programs per row and row tile, the other passes ``heads``.
 
     ``kernels``: (decode, verify, flush) Triton functions of the family; ``vk``: the checkpoint's
     key channels are contiguous (a framework's ``[S, HV, V, K]`` tensor), which has its own decode
@@ -94,7 +95,7 @@ def _passes(family: str, T: int, heads: int, cols: int, rows: int, kernels: tupl
     if T == 1 and const["COMMITTED"] and const["READ_FMT"] == 0:      # decode: one launch folds its flush rows too
         fold = tiles["decode_vk" if vk_tile else "decode"]
         tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True)
-        return _blocks([(kernels[0], tile, False)], rows, const)
+        return _blocks([(kernels[0], tile, False)], rows, heads, const)
     tt = max(16, triton.next_power_of_2(T)) if T != 1 else 1
     replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
     flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush"]
@@ -115,18 +116,19 @@ def _passes(family: str, T: int, heads: int, cols: int, rows: int, kernels: tupl
         plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw, FOLD=False, NF=16,
                                   dot="ieee"), False)]                  # NF, dot: the fold's, unused here
     plan.append((kernels[2], flush, True))
-    return _blocks(plan, rows, const)
+    return _blocks(plan, rows, heads, const)
 
 
-def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
-    """(kernel, rows per program, constexprs, warps, is the flush pass) of (kernel, tile, flush pass)."""
+def _blocks(plan: list[tuple], rows: int, heads: int, const: dict) -> list[tuple]:
+    """(kernel, rows per program, programs per row tile, constexprs, warps, is the flush pass) of
+    (kernel, tile, flush pass)."""
     out = []
     for kernel, tile, flush_pass in plan:
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
                                          ("STAGES", "stages"), ("DOT", "dot"), ("ACC", "acc"), ("FOLD", "FOLD"),
                                          ("NF", "NF"), ("HPP", "HPP")) if t in tile}
-        out.append((kernel, block, {**const, **extra}, tile["num_warps"], flush_pass))
+        out.append((kernel, block, heads // tile.get("HPP", 1), {**const, **extra}, tile["num_warps"], flush_pass))
     return out
 
 
@@ -250,9 +252,8 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
             x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A,
             dt_bias if dt_bias is not None else A, B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3],
             out, *out.stride()[:3], window, C_cap, sr_base]
-    return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), H // c.get("HPP", 1), "n"), n, args, {**c, "BP": BP},
-                   nw, fp)
-            for kernel, BP, c, nw, fp in _passes("mamba2", T, H, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
+    return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), hg, "n"), n, args, {**c, "BP": BP}, nw, fp)
+            for kernel, BP, hg, c, nw, fp in _passes("mamba2", T, H, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
                                              _mamba2_flush_kernel),
                                              const)]
 
@@ -329,9 +330,8 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,
             epoch, slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
             *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
-    return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV // c.get("HPP", 1), "n"), n, args,
-                   {**c, "BV": BV}, nw, fp)
-            for kernel, BV, c, nw, fp in _passes("kda" if per_channel else "delta", T, HV, K, V,
+    return [Launch("delta_step", kernel, (triton.cdiv(V, BV), hg, "n"), n, args, {**c, "BV": BV}, nw, fp)
+            for kernel, BV, hg, c, nw, fp in _passes("kda" if per_channel else "delta", T, HV, K, V,
                                                  (_delta_decode_kernel, _delta_verify_kernel, _delta_flush_kernel),
                                                  const, vk=checkpoint.stride(-2) == 1 and K > 1)]
 
