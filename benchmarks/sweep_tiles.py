@@ -16,6 +16,8 @@ candidate (the candidates must agree):
   decode launch's fold: the decode kinds; this tile also serves the flush-only launch);
 - flush_replay (GDN / KDA): the same for the flush pass behind an NVFP4 read copy (the window
   replays).
+decode, flush and flush_replay also time the staggered step (row r holds r mod 16 entries, so
+1/16 of the rows flush: the serving steady state, where a flush pass's rows are few).
 Decode, read and flush size the ring for decode only (no draft tokens), as bench_decode does.
 The chosen entries go into ``ops.TILES`` by hand.
 """
@@ -100,22 +102,25 @@ CANDIDATES = {
 for _fam, _kind in (("mamba2", "decode"), ("delta", "decode"), ("delta", "decode_vk")):
     CANDIDATES[_fam][_kind] = [dict(t, dot="tf32x3", fold_chunk=fc) for t, fc in CANDIDATES[_fam][_kind]]
 # kind -> [(column, read format, tokens, fill)]; the _vk kinds run on a [S, HV, V, K] checkpoint (the
-# SGLang / TRT-LLM adapters' layout). The amortized column is (15 x w=7 + flush) / 16.
-_DECODE = [("w=7", "checkpoint", 1, 7), ("flush", "checkpoint", 1, WINDOW - 1)]
+# SGLang / TRT-LLM adapters' layout). The amortized column is (15 x w=7 + flush) / 16; a fill of None is
+# the staggered step (row r holds r mod 16 entries: 1/16 of the rows flush, the serving steady state).
+_DECODE = [("w=7", "checkpoint", 1, 7), ("flush", "checkpoint", 1, WINDOW - 1), ("staggered", "checkpoint", 1, None)]
 SETUPS = {"decode": _DECODE, "decode_vk": _DECODE, "read_fp8": [("w=7", "fp8", 1, 7)],
           "read": [("w=7", "nvfp4", 1, 7)],
           "verify": [(f, f, VERIFY_T, WINDOW - 1 - VERIFY_T) for f in ("checkpoint", "nvfp4")],
-          "flush": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1)],
-          "flush_replay": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1)]}
+          "flush": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1), ("staggered", "nvfp4", 1, None)],
+          "flush_replay": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1),
+                           ("staggered", "nvfp4", 1, None)]}
 
 
 def _time(spec, batch, read_format, T, fill, state_layout="kv"):
     layer = Layer(spec, batch, read_format=read_format, max_draft_tokens=VERIFY_T - 1 if T > 1 else 0,
                   state_layout=state_layout)
     fn, out = layer.step_fn(layer.inputs(T), committed=T == 1)
-    layer.set_fill(fill)
+    setup = layer.set_staggered if fill is None else lambda: layer.set_fill(fill)
+    setup()
     t = timed(fn)
-    layer.set_fill(fill)
+    setup()
     fn()
     return t, out.float()
 
@@ -131,7 +136,7 @@ def sweep(name, batch, kinds):
         if candidates is None:                   # flush_replay and the _vk kinds are the delta families'
             continue
         columns = SETUPS[kind]
-        amortized = [c[0] for c in columns] == ["w=7", "flush"]
+        amortized = [c[0] for c in columns][:2] == ["w=7", "flush"]
         heads = [c[0] + " us" for c in columns] + (["amortized us"] if amortized else [])
         print(f"{kind:>7}: " + " ".join(f"{h:>14}" for h in heads) + f" {'max |dy|':>9}  tile")
         first = None
