@@ -67,7 +67,7 @@ TILES = {
               "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
               "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3", heads=1)},
     "kda": {"decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
-            "read": dict(rows=128, num_warps=4, chunk=64, stages=2, acc=True),
+            "read": dict(rows=128, num_warps=2, chunk=16, stages=3, acc=True),
             "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", heads=1),
             "verify": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }

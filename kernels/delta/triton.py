@@ -305,6 +305,7 @@ def _delta_decode_kernel(
     cq = tl.zeros([BM], dtype=tl.float32)                  # history coefficients for the output
     kq = tl.zeros([1], dtype=tl.float32)                   # this token's own k . q
     jw = tl.arange(0, NC // RC_PW)
+    GATED_WORDS: tl.constexpr = PER_CHANNEL and RC_PW > 1
     if READ_FMT == READ_CHECKPOINT:                       # ACC: the chunks' products summed elementwise,
         au = tl.zeros([NC, BV], dtype=tl.float32)          # reduced over channels once after the stream
         ar = tl.zeros([NC, BV], dtype=tl.float32)
@@ -331,42 +332,67 @@ def _delta_decode_kernel(
         else:
             pu = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
             pr = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
+        if GATED_WORDS:
+            # KDA over NVFP4 words: gates, history coefficients and this token's factors on the chunk's
+            # contiguous channels (coalesced loads), then each word element's channels picked in registers
+            okf = c * NC + tl.arange(0, NC)
+            k_f = tl.load(k + i * k_r + hk * k_h + okf)
+            kf = k_f.to(tl.float32)
+            qf = tl.load(q + i * q_r + hk * q_h + okf).to(tl.float32)
+            g_f = tl.load(g + i * g_r + h * g_h + okf).to(tl.float32)
+            g_hf = tl.load(rg + pos[:, None] * K + okf[None, :], mask=hist[:, None], other=0.0)       # [BM, NC]
+            gt_f = tl.sum(g_hf, axis=0) + g_f
+            dec_f = tl.where(hist[:, None], tl.exp(tl.minimum(gt_f[None, :] - tl.cumsum(g_hf, axis=0), 0.0)), 0.0) \
+                * tl.load(rk + pos[:, None] * K + okf[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
+            ck_ += tl.sum(dec_f * kf[None, :], axis=1)
+            cq += tl.sum(dec_f * qf[None, :], axis=1)
+            kq += tl.sum(kf * qf, axis=0)
+            ef = tl.exp(gt_f)
+            kk2 = tl.reshape(ef * kf, [NC // RC_PW, RC_PW])   # [j, w]: channel c NC + j PW + w
+            qq2 = tl.reshape(ef * qf, [NC // RC_PW, RC_PW])
+            tl.store(rg + tok * K + okf, g_f, mask=active & (pid_v == 0))
+            tl.store(rk + tok * K + okf, k_f, mask=append_k)
         for w in tl.static_range(RC_PW):
-            okc = c * NC + jw * RC_PW + w
             S0 = word_values(tile, w, READ_FMT if RC_PW > 1 else READ_CHECKPOINT)   # [NC, BV] or [BV, NC / PW]
-            k_raw = tl.load(k + i * k_r + hk * k_h + okc)
-            kt = k_raw.to(tl.float32)
-            qt = tl.load(q + i * q_r + hk * q_h + okc).to(tl.float32)
-            kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
-            if PER_CHANNEL:
-                g_c = tl.load(g + i * g_r + h * g_h + okc).to(tl.float32)
-                g_hc = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0)  # [BM, NC]
-                gt_c = tl.sum(g_hc, axis=0) + g_c
-                dec = tl.where(hist[:, None], tl.exp(tl.minimum(gt_c[None, :] - tl.cumsum(g_hc, axis=0), 0.0)),
-                               0.0) * kh
-                hk_, hq_ = dec * kt[None, :], dec * qt[None, :]
-                kk = tl.exp(gt_c) * kt
-                qq = tl.exp(gt_c) * qt
-                tl.store(rg + tok * K + okc, g_c, mask=(okc < K) & active & (pid_v == 0))
+            if GATED_WORDS:
+                sel = tl.arange(0, RC_PW)[None, :] == w
+                pu += S0 * tl.sum(tl.where(sel, kk2, 0.0), axis=1)[None, :]
+                pr += S0 * tl.sum(tl.where(sel, qq2, 0.0), axis=1)[None, :]
             else:
-                hk_, hq_ = kh * kt[None, :], kh * qt[None, :]
-                kk = kt
-                qq = qt
-            if READ_FMT == READ_CHECKPOINT:
-                pu += S0 * kk[:, None]
-                pr += S0 * qq[:, None]
-            else:
-                pu += S0 * kk[None, :]
-                pr += S0 * qq[None, :]
-            if ACC:
-                ahk += hk_
-                ahq += hq_
-                akq += kt * qt
-            else:
-                ck_ += tl.sum(hk_, axis=1)
-                cq += tl.sum(hq_, axis=1)
-                kq += tl.sum(kt * qt, axis=0)
-            tl.store(rk + tok * K + okc, k_raw, mask=(okc < K) & append_k)
+                okc = c * NC + jw * RC_PW + w
+                k_raw = tl.load(k + i * k_r + hk * k_h + okc)
+                kt = k_raw.to(tl.float32)
+                qt = tl.load(q + i * q_r + hk * q_h + okc).to(tl.float32)
+                kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
+                if PER_CHANNEL:
+                    g_c = tl.load(g + i * g_r + h * g_h + okc).to(tl.float32)
+                    g_hc = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0)  # [BM, NC]
+                    gt_c = tl.sum(g_hc, axis=0) + g_c
+                    dec = tl.where(hist[:, None], tl.exp(tl.minimum(gt_c[None, :] - tl.cumsum(g_hc, axis=0), 0.0)),
+                                   0.0) * kh
+                    hk_, hq_ = dec * kt[None, :], dec * qt[None, :]
+                    kk = tl.exp(gt_c) * kt
+                    qq = tl.exp(gt_c) * qt
+                    tl.store(rg + tok * K + okc, g_c, mask=(okc < K) & active & (pid_v == 0))
+                else:
+                    hk_, hq_ = kh * kt[None, :], kh * qt[None, :]
+                    kk = kt
+                    qq = qt
+                if READ_FMT == READ_CHECKPOINT:
+                    pu += S0 * kk[:, None]
+                    pr += S0 * qq[:, None]
+                else:
+                    pu += S0 * kk[None, :]
+                    pr += S0 * qq[None, :]
+                if ACC:
+                    ahk += hk_
+                    ahq += hq_
+                    akq += kt * qt
+                else:
+                    ck_ += tl.sum(hk_, axis=1)
+                    cq += tl.sum(hq_, axis=1)
+                    kq += tl.sum(kt * qt, axis=0)
+                tl.store(rk + tok * K + okc, k_raw, mask=(okc < K) & append_k)
         if RC_PW > 1:
             pu *= bscale
             pr *= bscale
@@ -382,8 +408,8 @@ def _delta_decode_kernel(
     if ACC:
         u = tl.sum(au, axis=0 if READ_FMT == READ_CHECKPOINT else 1)
         r = tl.sum(ar, axis=0 if READ_FMT == READ_CHECKPOINT else 1)
-        ck_ = tl.sum(ahk, axis=1)
-        cq = tl.sum(ahq, axis=1)
+        ck_ += tl.sum(ahk, axis=1)                         # (zero under GATED_WORDS, which sums in place)
+        cq += tl.sum(ahq, axis=1)
         kq += tl.sum(akq, axis=0)
     if RC_PW > 1:
         rsc = tl.load(rc_rs + head + ov, mask=vmask, other=0.0)
