@@ -2,6 +2,7 @@
 
     python benchmarks/sweep_tiles.py [--batch 256] [--models nemotron-h,qwen3.5,kimi-linear]
                                      [--kinds decode,decode_vk,read_fp8,read,verify,flush,flush_replay]
+                                     [--pick 0,-1]
 
 Per model and kind, each candidate's step time, and the largest output difference from the first
 candidate (the candidates must agree):
@@ -56,8 +57,8 @@ CANDIDATES = {
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=64, num_warps=4, chunk=64, stages=2, dot="tf32x3"),
                    dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
-        "flush": [dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", heads=h) for h in (1, 4, 8, 16)]
-                 + [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", heads=8)],
+        "flush": [dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=r) for r in (4, 16, 64, 256)]
+                 + [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", row_programs=16)],
     },
     "delta": {
         "decode": [(dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False), 16),
@@ -93,14 +94,16 @@ CANDIDATES = {
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=128, num_warps=8, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
-        "flush_replay": [dict(rows=32, num_warps=2, stages=2, dot="tf32x3", heads=h) for h in (1, 2, 4, 8)]
-                        + [dict(rows=64, num_warps=4, stages=2, dot="tf32x3", heads=4)],
+        "flush_replay": [dict(rows=32, num_warps=2, stages=2, dot="tf32x3", row_programs=r) for r in (4, 16, 64, 256)]
+                        + [dict(rows=64, num_warps=4, stages=2, dot="tf32x3", row_programs=16)],
     },
 }
 # the decode tiles also fold the flush rows (fold_chunk, dot): candidates without spills by ptxas (sm_90a), and
-# the tiles that were best before the fold joined the decode launch
+# the tiles that were best before the fold joined the decode launch; last, the chosen tile and the same with
+# fold=False (the flush rows take the flush pass instead)
 for _fam, _kind in (("mamba2", "decode"), ("delta", "decode"), ("delta", "decode_vk")):
-    CANDIDATES[_fam][_kind] = [dict(t, dot="tf32x3", fold_chunk=fc) for t, fc in CANDIDATES[_fam][_kind]]
+    CANDIDATES[_fam][_kind] = ([dict(t, dot="tf32x3", fold_chunk=fc) for t, fc in CANDIDATES[_fam][_kind]]
+                               + [dict(ops.TILES[_fam][_kind]), dict(ops.TILES[_fam][_kind], fold=False)])
 # kind -> [(column, read format, tokens, fill)]; the _vk kinds run on a [S, HV, V, K] checkpoint (the
 # SGLang / TRT-LLM adapters' layout). The amortized column is (15 x w=7 + flush) / 16; a fill of None is
 # the staggered step (row r holds r mod 16 entries: 1/16 of the rows flush, the serving steady state).
@@ -125,7 +128,7 @@ def _time(spec, batch, read_format, T, fill, state_layout="kv"):
     return t, out.float()
 
 
-def sweep(name, batch, kinds):
+def sweep(name, batch, kinds, pick=None):
     spec = MODEL_SPECS[name]
     fam = "mamba2" if spec.family == "mamba2" else "delta"
     table = ops.TILES["kda" if spec.family == "kda" else fam]   # KDA's entries override delta's
@@ -140,7 +143,7 @@ def sweep(name, batch, kinds):
         heads = [c[0] + " us" for c in columns] + (["amortized us"] if amortized else [])
         print(f"{kind:>7}: " + " ".join(f"{h:>14}" for h in heads) + f" {'max |dy|':>9}  tile")
         first = None
-        for tile in candidates:
+        for tile in candidates if pick is None else [candidates[j] for j in pick]:
             table[kind] = tile
             try:
                 layout = "vk" if kind.endswith("_vk") else "kv"
@@ -164,9 +167,11 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--models", default="nemotron-h,qwen3.5,kimi-linear")
     ap.add_argument("--kinds", default="decode,decode_vk,read_fp8,read,verify,flush,flush_replay")
+    ap.add_argument("--pick", help="comma-separated candidate indices to time (Python indexing; default all)")
     args = ap.parse_args()
+    pick = None if args.pick is None else [int(j) for j in args.pick.split(",")]
     for name in args.models.split(","):
-        sweep(name, args.batch, args.kinds.split(","))
+        sweep(name, args.batch, args.kinds.split(","), pick)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -45,30 +44,34 @@ _compiled: set = set()
 # pipeline depth, `dot` its cached-d fold's precision; `flush_replay`: behind an fp8 / NVFP4 read
 # copy, which replays the window instead of folding the cached d); verify streams the state once for T > 1
 # tokens (chunk raised to 16 words for tl.dot; smaller states pad with zero words; `dot`: the
-# products' precision); verify_flush is its flush pass. A flush pass's program takes `heads` heads
-# (of one row) in turn: on a step where few rows flush, most programs only read a cursor and exit,
-# and at batch 256 one program per head cost 35-45 us of such exits; the loop costs registers, so
-# the flush step itself is slower (swept 2026-11-30: Mamba-2 NVFP4 1204 -> 1683 us, GDN 1037 ->
-# 1362 us, KDA even) for the same or a better amortized step. Untimed tiles keep 1.
+# products' precision); verify_flush is its flush pass. A flush pass launches `row_programs`
+# programs per (tile, head), which share the step's flush rows (found by scanning the cursors in
+# FLUSH_SCAN_ROWS-row blocks): a step where few rows flush launches no program per row (at batch
+# 256 one program per (tile, head, row) cost 35-45 us of exiting programs on every non-flush step).
+# Swept 2026-11-30 at batch 256 behind NVFP4 (w=7 / flush / staggered step, us): Mamba-2 row_programs
+# 16: 216.6 / 1497.6 / 303.0 (one program per head and row was 249.4 / 1192.3 / 311.8); GDN 4: 142.4 /
+# 1358.2 / 222.8 (was 163.9 / 1030.3 / 227.7). A flush body inside the row loop is slower than one
+# program's single row (1447 / 1390 us at row_programs 256); decode tiles fold (fold=False, the flush
+# pass instead, was slower on every model). Untimed tiles take 16.
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False, fold_chunk=16, dot="tf32x3"),
                "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
                "read": dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
-               "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", heads=16),
+               "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=16),
                "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-               "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", heads=1)},
+               "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", row_programs=16)},
     "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, dot="tf32x3"),
               "decode_vk": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True, fold_chunk=16, dot="tf32x3"),
               "read_fp8": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
               "read": dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
-              "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", heads=1),
-              "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", heads=1),
-              "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3", heads=8),
+              "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", row_programs=16),
+              "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
+              "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3", row_programs=4),
               "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-              "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3", heads=1)},
+              "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3", row_programs=16)},
     "kda": {"decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
             "read": dict(rows=128, num_warps=2, chunk=16, stages=3, acc=True),
-            "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", heads=1),
+            "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
             "verify": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }
 # codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
@@ -76,30 +79,33 @@ TILES = {
 _PER_WORD = {0: 1, 1: 1, 2: 8}
 # the verify kernel reads fp8 as words of 4 codes too (its tl.dot tiles take 16 words)
 _PER_WORD_VERIFY = {0: 1, 1: 4, 2: 8}
+# rows of cursors a flush-pass program scans at a time for the step's flush rows
+FLUSH_SCAN_ROWS = 128
 
 
 def _passes(family: str, T: int, heads: int, cols: int, rows: int, kernels: tuple, const: dict,
             vk: bool = False) -> list[tuple]:
-    """(kernel, rows per program, programs per row tile, constexprs, warps, is the flush pass) of
-    the two passes of a step (of the flush pass alone for ``T = 0``: a flush-only launch,
+    """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass)
+    of the two passes of a step (of the flush pass alone for ``T = 0``: a flush-only launch,
     ``StatePool.flush`` on the device; of the decode kernel alone for a decode on the checkpoint,
-    which folds its flush rows too).
-    The flush pass's ``HPP`` (heads per program) divides ``heads``; it launches ``heads / HPP``
-    programs per row and row tile, the other passes ``heads``.
+    which folds its flush rows too). The grid is (row tiles, heads, last): ``"n"`` (a program per
+    row) for the non-flush passes, ``RP`` programs sharing the flush rows for the flush pass.
 
     ``kernels``: (decode, verify, flush) Triton functions of the family; ``vk``: the checkpoint's
     key channels are contiguous (a framework's ``[S, HV, V, K]`` tensor), which has its own decode
     and flush tiles."""
     tiles = {**TILES["delta"], **TILES["kda"]} if family == "kda" else TILES[family]
     vk_tile = vk and const["READ_FMT"] == 0
-    if T == 1 and const["COMMITTED"] and const["READ_FMT"] == 0:      # decode: one launch folds its flush rows too
-        fold = tiles["decode_vk" if vk_tile else "decode"]
+    fold = tiles["decode_vk" if vk_tile else "decode"]
+    if T == 1 and const["COMMITTED"] and const["READ_FMT"] == 0 and fold.get("fold", True):
+        # a decode on the checkpoint: one launch folds its flush rows too (unless the tile says
+        # fold=False: then the decode's flush rows take the flush pass, as behind a read copy)
         tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True)
         return _blocks([(kernels[0], tile, False)], rows, heads, const)
     tt = max(16, triton.next_power_of_2(T)) if T != 1 else 1
     replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
     flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush"]
-    flush = dict(flush, HPP=math.gcd(heads, flush["heads"]))       # heads per program: a divisor of heads
+    flush = dict(flush, RP=flush["row_programs"], RB=FLUSH_SCAN_ROWS)
     if family == "mamba2":
         flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
     if T == 0:                                                        # flush-only: the flush pass alone
@@ -120,15 +126,16 @@ def _passes(family: str, T: int, heads: int, cols: int, rows: int, kernels: tupl
 
 
 def _blocks(plan: list[tuple], rows: int, heads: int, const: dict) -> list[tuple]:
-    """(kernel, rows per program, programs per row tile, constexprs, warps, is the flush pass) of
-    (kernel, tile, flush pass)."""
+    """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass)
+    of (kernel, tile, flush pass)."""
     out = []
     for kernel, tile, flush_pass in plan:
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
                                          ("STAGES", "stages"), ("DOT", "dot"), ("ACC", "acc"), ("FOLD", "FOLD"),
-                                         ("NF", "NF"), ("HPP", "HPP")) if t in tile}
-        out.append((kernel, block, heads // tile.get("HPP", 1), {**const, **extra}, tile["num_warps"], flush_pass))
+                                         ("NF", "NF"), ("RP", "RP"), ("RB", "RB")) if t in tile}
+        out.append((kernel, block, tile["RP"] if flush_pass else "n", {**const, **extra}, tile["num_warps"],
+                    flush_pass))
     return out
 
 
@@ -252,8 +259,9 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
             x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A,
             dt_bias if dt_bias is not None else A, B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3],
             out, *out.stride()[:3], window, C_cap, sr_base]
-    return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), hg, "n"), n, args, {**c, "BP": BP}, nw, fp)
-            for kernel, BP, hg, c, nw, fp in _passes("mamba2", T, H, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
+    return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), H, z), n, args + [n] if fp else args, {**c, "BP": BP},
+                   nw, fp)
+            for kernel, BP, z, c, nw, fp in _passes("mamba2", T, H, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
                                              _mamba2_flush_kernel),
                                              const)]
 
@@ -330,8 +338,9 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,
             epoch, slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
             *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
-    return [Launch("delta_step", kernel, (triton.cdiv(V, BV), hg, "n"), n, args, {**c, "BV": BV}, nw, fp)
-            for kernel, BV, hg, c, nw, fp in _passes("kda" if per_channel else "delta", T, HV, K, V,
+    return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV, z), n, args + [n] if fp else args, {**c, "BV": BV},
+                   nw, fp)
+            for kernel, BV, z, c, nw, fp in _passes("kda" if per_channel else "delta", T, HV, K, V,
                                                  (_delta_decode_kernel, _delta_verify_kernel, _delta_flush_kernel),
                                                  const, vk=checkpoint.stride(-2) == 1 and K > 1)]
 

@@ -326,6 +326,55 @@ def test_decode_tiles_of_several_chunks(monkeypatch, family, layout, read_format
         assert rms_ratio(tri.read_state(0, st), ref.read_state(0, sr)) < 1e-5
 
 
+@pytest.mark.parametrize("family,read_format,drafts", [("mamba2", "nvfp4", 0), ("gdn", "fp8", 0), ("kda", "nvfp4", 0),
+                                                        ("mamba2", "checkpoint", 2), ("gdn", "checkpoint", 2)])
+def test_flush_pass_finds_the_flush_rows_of_staggered_rows(monkeypatch, family, read_format, drafts):
+    """Rows at different fills (random subsets step), unsorted slots with padded rows, more rows
+    than a flush program scans at once and more flush rows than programs: every flush row is
+    folded exactly once (outputs match the reference, rings and cursors bit-exact, checkpoints
+    match). Decode tiles with ``fold=False``: a decode on the checkpoint takes the flush pass too."""
+    monkeypatch.setattr(ops, "FLUSH_SCAN_ROWS", 16)
+    for table in ops.TILES.values():
+        for kind, tile in table.items():
+            if "row_programs" in tile:
+                monkeypatch.setitem(table, kind, dict(tile, row_programs=3))
+            elif kind.startswith("decode"):         # a decode on the checkpoint takes the flush pass too
+                monkeypatch.setitem(table, kind, dict(tile, fold=False))
+    spec = SPECS[family]
+    heads, dim = (spec.num_heads, spec.head_dim) if family == "mamba2" else (spec.num_v_heads, spec.head_v_dim)
+    cfg = rs.ReplayConfig(window=4, max_draft_tokens=drafts, read_format=read_format)
+    S, n = 24, 21
+    pools = {b: rs.StatePool(spec, cfg, num_layers=1, num_slots=S, device=DEVICE, backend=b)
+             for b in ("reference", "triton")}
+    gen = torch.Generator().manual_seed(5)
+    allocated = {b: p.alloc(n) for b, p in pools.items()}
+    assert torch.equal(allocated["reference"], allocated["triton"])
+    slots = allocated["triton"][torch.randperm(n, generator=gen)]
+    params = Params(spec, 1, gen)
+    for step in range(3 * cfg.window):
+        keep = torch.rand(n, generator=gen) < (0.4 if step < cfg.window else 0.8)
+        rows = torch.where(keep.to(slots.device), slots, -1)
+        T = 1 + step % 3 if drafts and step % 2 else None
+        inp = make_inputs(spec, params, 0, n, T, gen, device=DEVICE)
+        shape = (n, heads, dim) if T is None else (n, T, heads, dim)
+        fn = rs.decode if T is None else rs.verify
+        ys = {b: fn(p, 0, rows, out=torch.full(shape, float("nan"), device=DEVICE), **inp) for b, p in pools.items()}
+        assert torch.isfinite(ys["triton"]).all(), "kernel left outputs unwritten"
+        assert rms_ratio(ys["triton"], ys["reference"]) < _pair_tol(cfg, decode_only=T is None), step
+        if T is not None:
+            acc = torch.randint(1, T + 1, (n,), generator=gen)
+            for p in pools.values():
+                p.commit(rows, acc)
+    ref, tri = pools["reference"], pools["triton"]
+    assert len(set(tri.cursors["count"][0, slots].tolist())) > 1, "the rows should have different fills"
+    for name in ref.ring:
+        if name != "d":
+            assert torch.equal(ref.ring[name], tri.ring[name]), name
+    for name in ref.cursors:
+        assert torch.equal(ref.cursors[name], tri.cursors[name]), name
+    assert rms_ratio(tri.checkpoint.float(), ref.checkpoint.float()) < 1e-5
+
+
 def test_ops_are_registered_with_mutation_schemas():
     import replayssm.kernels.ops  # noqa: F401
     schema = str(torch.ops.replayssm.delta_step.default._schema)

@@ -165,8 +165,9 @@ def _int32(param: str, value) -> int:
 
 
 def _scalars(params: list[str], args: list) -> tuple[dict, tuple]:
-    """(``baked``, ``extra_args``) of a launch's scalar arguments, as :class:`KernelLaunch` holds them."""
-    scalars = [(p, v) for p, v in zip(params, args) if not isinstance(v, torch.Tensor)]
+    """(``baked``, ``extra_args``) of a launch's scalar arguments, as :class:`KernelLaunch` holds them.
+    A step kernel's parameter ``n`` (a flush pass's rows) is the batch: ``"n"``, never baked."""
+    scalars = [(p, "n" if p == "n" else v) for p, v in zip(params, args) if not isinstance(v, torch.Tensor)]
     return ({p: v for p, v in scalars if _jit_constant(v)},
             tuple((p, v if v in ("n", "S") else _int32(p, v)) for p, v in scalars if not _jit_constant(v)))
 

@@ -1,7 +1,8 @@
 """Gated DeltaNet / KDA replay step in Triton: decode (T = 1) and verify (T tokens).
 
 A step is two launches, one program per (V-tile, value head, row) each (the flush pass: per
-V-tile, ``HPP`` value heads taken in turn, and row), every launch handling only its rows:
+V-tile, value head and one of ``RP`` programs that share the step's flush rows), every launch
+handling only its rows:
 - the non-flush pass (``_delta_decode_kernel`` for T = 1, ``_delta_verify_kernel`` for T > 1)
   streams the read copy (or checkpoint) once and evaluates the tokens in output-only form:
   ``u_t = S0ᵀ(e^{Γ_t} ⊙ k_t) + Σ_{j<t} c_tj d_j``, ``d_t = β_t (v_t - u_t)``,
@@ -24,10 +25,10 @@ import triton.language as tl
 
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, load_read_words,
                                               round_checkpoint, store_read_copy, word_values)
-from replayssm.kernels.ring.triton import row_route
+from replayssm.kernels.ring.triton import flush_row_block, row_route
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])   # one compile for every batch (and PTX for TensorRT)
 def _delta_flush_kernel(
     ckpt, c_s, c_h, c_k, c_v,                  # [S, HV, K, V] checkpoint (any strides)
     rc_codes, rc_bs, rc_rs,                    # read copy, contiguous [S, HV, V, ...]
@@ -41,11 +42,12 @@ def _delta_flush_kernel(
     g, g_r, g_t, g_h,                          # [n, T, HV] or [n, T, HV, K]
     beta, be_r, be_t,                          # [n, T, HV]
     out, o_r, o_t, o_h,                        # [n, T, HV, V]
-    scale, window, capacity, sr_base,
+    scale, window, capacity, sr_base, n,       # n: the step's rows
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
-    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr, HPP: tl.constexpr,
+    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr, RP: tl.constexpr,
+    RB: tl.constexpr,
 ):
     """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
 
@@ -53,16 +55,22 @@ def _delta_flush_kernel(
     checkpoint, so they are the recurrence's own d: the history folds as one product
     ``S = e^{Γ_e} S0 + Wᵀ D`` (``W_j = e^{Γ_e - Γ_j} ⊙ k_j``, ``tl.dot`` at precision ``DOT``) and
     only a decode's own token is stepped. Behind an fp8 / NVFP4 read copy the d carry its
-    rounding, so every committed entry is replayed from its raw inputs instead. A program takes
-    ``HPP`` heads of its row in turn (grid ``HV / HPP``)."""
+    rounding, so every committed entry is replayed from its raw inputs instead.
+
+    Grid ``(V / BV, HV, RP)``: program ``rp`` of a (V-tile, head) takes the step's flush rows of
+    rank ``rp``, ``rp + RP``, ... (ranks in row order, found by scanning the cursors in ``RB``-row
+    blocks), so that a step where few rows flush launches no program per row."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
-    pid_v, hp, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_v, h, rp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
-    valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
-    if valid & is_flush:
-        for hh in tl.range(0, HPP, num_stages=1):         # the program's heads
-            h = hp * HPP + hh
+    base = rp * 0                                          # flush rows before the block
+    for r0 in tl.range(0, n, RB, num_stages=1):
+        rows, fl, rank, nf = flush_row_block(slots, count_ptr, n, r0, base, T, window, RB)
+        for kf in tl.range(base + (rp - base % RP + RP) % RP, base + nf, RP, num_stages=1):
+            i = tl.sum(tl.where(fl & (rank == kf), rows, 0), axis=0)           # the flush row of rank kf
+            sl = tl.load(slots + i)
+            count = tl.load(count_ptr + sl)
             origin = tl.load(origin_ptr + sl)
             ok = tl.arange(0, K)
             ck = ckpt + sl * c_s + h * c_h + ok[:, None] * c_k + ov[None, :] * c_v
@@ -194,6 +202,7 @@ def _delta_flush_kernel(
                         tl.store(rg + p, tl.load(g + i * g_r + t * g_t + h).to(tl.float32))
                     if h % (HV // HK) == 0:
                         tl.store(rk + p * K + ok, tl.load(k + i * k_r + t * k_t + hk * k_h + ok))
+        base += nf
 
 
 @triton.jit

@@ -1,8 +1,8 @@
 """Mamba-2 replay step in Triton: decode (T = 1) and verify (T tokens).
 
 A step is two launches, one program per (P-tile, head, row) each (the flush pass: per P-tile,
-``HPP`` heads taken in turn, and row), every launch handling only its rows (a decode on the
-checkpoint is one launch: the decode kernel folds its flush rows too):
+head and one of ``RP`` programs that share the step's flush rows), every launch handling only its
+rows (a decode on the checkpoint is one launch: the decode kernel folds its flush rows too):
 the non-flush pass (``_mamba2_decode_kernel`` for T = 1, ``_mamba2_verify_kernel``
 for T > 1) streams the checkpoint or its read copy once and writes outputs and ring entries
 only; the flush pass (``_mamba2_flush_kernel``) streams the checkpoint in chunks, folds the
@@ -19,7 +19,7 @@ import triton.language as tl
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, load_read_words,
                                               round_checkpoint, store_read_chunk, store_read_rows_scale,
                                               word_values)
-from replayssm.kernels.ring.triton import row_route
+from replayssm.kernels.ring.triton import flush_row_block, row_route
 
 
 @triton.jit
@@ -27,7 +27,7 @@ def _softplus(x):
     return tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])   # one compile for every batch (and PTX for TensorRT)
 def _mamba2_flush_kernel(
     ckpt, c_s, c_h, c_p, c_n,                  # [S, H, P, N] checkpoint (any strides)
     rc_codes, rc_bs, rc_rs,                    # read copy, contiguous [S, H, P, ...]
@@ -41,12 +41,13 @@ def _mamba2_flush_kernel(
     C, cc_r, cc_t, cc_g,                       # [n, T, G, N]
     z, z_r, z_t, z_h,                          # [n, T, H, P]
     out, o_r, o_t, o_h,                        # [n, T, H, P]
-    window, capacity, sr_base,
+    window, capacity, sr_base, n,              # n: the step's rows
     T: tl.constexpr, H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
     BP: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
-    NC: tl.constexpr, STAGES: tl.constexpr, TT: tl.constexpr, DOT: tl.constexpr, HPP: tl.constexpr,
+    NC: tl.constexpr, STAGES: tl.constexpr, TT: tl.constexpr, DOT: tl.constexpr, RP: tl.constexpr,
+    RB: tl.constexpr,
 ):
     """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
 
@@ -55,16 +56,22 @@ def _mamba2_flush_kernel(
     ``tl.dot`` at precision ``DOT``) is stored at once and read by the tokens' ``C`` (decode: the
     token is entry F, so ``y = S_F C + D x``; verify: ``y_t = e^{lam_t - lam_F} S_F C_t +`` the
     tokens after F, as the verify kernel). The read copy is re-derived from the stored chunks in a
-    second pass once the row maxima are known. ``TT``: T padded to 16 (verify only). A program
-    takes ``HPP`` heads of its row in turn (grid ``H / HPP``)."""
+    second pass once the row maxima are known. ``TT``: T padded to 16 (verify only).
+
+    Grid ``(P / BP, H, RP)``: program ``rp`` of a (P-tile, head) takes the step's flush rows of
+    rank ``rp``, ``rp + RP``, ... (ranks in row order, found by scanning the cursors in ``RB``-row
+    blocks), so that a step where few rows flush launches no program per row."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
-    pid_p, hp, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_p, h, rp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
-    valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
-    if valid & is_flush:
-        for hh in tl.range(0, HPP, num_stages=1):         # the program's heads
-            h = hp * HPP + hh
+    base = rp * 0                                          # flush rows before the block
+    for r0 in tl.range(0, n, RB, num_stages=1):
+        rows, fl, rank, nf = flush_row_block(slots, count_ptr, n, r0, base, T, window, RB)
+        for kf in tl.range(base + (rp - base % RP + RP) % RP, base + nf, RP, num_stages=1):
+            i = tl.sum(tl.where(fl & (rank == kf), rows, 0), axis=0)           # the flush row of rank kf
+            sl = tl.load(slots + i)
+            count = tl.load(count_ptr + sl)
             origin = tl.load(origin_ptr + sl)
             g = h // (H // G)
             head = (sl * H + h) * P
@@ -159,6 +166,7 @@ def _mamba2_flush_kernel(
             # append this step's tokens at ring entries (origin + count + t) % C
             tl.store(rx + pos[:, None] * P + op[None, :], x_w, mask=new[:, None] & pmask[None, :])
             tl.store(rdt + pos, dt_w, mask=new & (pid_p == 0))
+        base += nf
 
 
 @triton.jit

@@ -7,19 +7,37 @@ import triton.language as tl
 
 
 @triton.jit
-def row_route(slots, i, count_ptr, T: tl.constexpr, window):
-    """A step's row: ``(valid, slot clamped to >= 0, count, is_flush)`` (the flush rule of RING.md).
+def flush_rule(count, T: tl.constexpr, window):
+    """Whether a row holding ``count`` committed entries flushes at a step of ``T`` tokens (RING.md).
 
     ``T = 0`` is a flush-only launch (``StatePool.flush`` on the device): every row with committed
     entries flushes."""
+    if T == 0:
+        return count > 0
+    else:
+        return count + T >= window
+
+
+@triton.jit
+def row_route(slots, i, count_ptr, T: tl.constexpr, window):
+    """A step's row: ``(valid, slot clamped to >= 0, count, is_flush)``."""
     slot = tl.load(slots + i)
     sl = tl.maximum(slot, 0)
     count = tl.load(count_ptr + sl)
-    if T == 0:
-        is_flush = count > 0
-    else:
-        is_flush = count + T >= window
-    return slot >= 0, sl, count, is_flush
+    return slot >= 0, sl, count, flush_rule(count, T, window)
+
+
+@triton.jit
+def flush_row_block(slots, count_ptr, n, r0, base, T: tl.constexpr, window, RB: tl.constexpr):
+    """Rows ``r0 .. r0 + RB`` of a step's ``n``, for a flush pass that takes only the flush rows:
+    ``(rows [RB], is_flush [RB], rank [RB], flush rows in the block)``. ``rank``: a flush row's
+    index among the step's flush rows, in row order (``base``: the flush rows before ``r0``)."""
+    r = r0 + tl.arange(0, RB)
+    slot = tl.load(slots + r, mask=r < n, other=-1)
+    count = tl.load(count_ptr + tl.maximum(slot, 0), mask=slot >= 0, other=0)
+    fl = (slot >= 0) & flush_rule(count, T, window)
+    f = fl.to(tl.int32)
+    return r, fl, base + tl.cumsum(f, axis=0) - f, tl.sum(f, axis=0)
 
 
 @triton.jit
