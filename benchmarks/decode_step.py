@@ -1,7 +1,8 @@
 """Decode step of a hybrid layer stack: conventional SSM steps vs replay vs replay + NVFP4 read copy.
 
     python benchmarks/decode_step.py [--stacks nemotron-h-8b,qwen3.5-9b] [--batches 1,64,256,512]
-                                     [--context 4096] [--peers .peers] [--json OUT.json]      (GPU)
+                                     [--context 4096] [--peers .peers] [--json OUT.json]
+                                     [--staggered]                                            (GPU)
     python benchmarks/decode_step.py --smoke                                                  (CPU)
 
 A stack is the decode step of a whole model body at real dims with random bf16 weights: RMSNorm
@@ -22,7 +23,10 @@ Each variant's whole step is captured in one CUDA graph and timed with triton's 
 replaying the graph runs consecutive decode steps (replay's cursors advance on the device, so
 every 16th replay flushes). Reported: the median of single steps (the non-flush step) and the
 amortized step, the median over runs of 16 consecutive replays (one whole window, its flush
-included) divided by 16; the SSM share and the speedup are of amortized steps. ``--smoke`` runs tiny dims on the CPU with the reference
+included) divided by 16; the SSM share and the speedup are of amortized steps. By default every
+row's cursor moves together (all rows flush at the same replay); ``--staggered`` first brings
+the replay variants' rows to r mod 16 committed entries (``Model.stagger``), the serving steady
+state where each step flushes 1/16 of the rows. ``--smoke`` runs tiny dims on the CPU with the reference
 backend and the PyTorch step references as the conventional step, and prints how far the replay
 variants' step outputs are from the conventional ones (teacher-forced).
 """
@@ -137,6 +141,17 @@ class Model:
             self.slots = self.pool.alloc(batch)
             self.checked = self.pool.backend != "triton"
 
+    def stagger(self, h: torch.Tensor) -> None:
+        """A replay variant's cursors as in serving: WINDOW - 1 decode steps in which row r takes
+        part r mod WINDOW times (padded out of the others), so that row r then holds r mod WINDOW
+        committed entries in every layer and each later step flushes 1/WINDOW of the rows."""
+        slots = self.slots
+        fill = torch.arange(self.n, device=slots.device) % WINDOW
+        for k in range(WINDOW - 1):
+            self.slots = torch.where(fill > k, slots, -1)
+            self.step(h)
+        self.slots = slots
+
     def step(self, h: torch.Tensor) -> torch.Tensor:
         """One decode step: ``h [n, hidden]`` bf16 -> ``[n, hidden]``; caches and states updated in place."""
         for i, layer in enumerate(self.layers):
@@ -246,7 +261,7 @@ def smoke(steps: int = 20) -> dict:
     return worst
 
 
-def bench(stacks, batches, context, peers) -> list[dict]:
+def bench(stacks, batches, context, peers, staggered=False) -> list[dict]:
     from triton.testing import do_bench
 
     rows = []
@@ -258,6 +273,8 @@ def bench(stacks, batches, context, peers) -> list[dict]:
                 model = Model(st, batch, context, variant, "cuda", peers)
                 h = torch.randn(batch, st.hidden, device="cuda").to(ACT)
                 model.step(h)                                          # compile outside the capture
+                if staggered and variant.startswith("replay"):
+                    model.stagger(h)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
@@ -273,7 +290,8 @@ def bench(stacks, batches, context, peers) -> list[dict]:
             med = {v: t[0] for v, t in times.items()}
             amortized = {v: t[1] for v, t in times.items()}
             for v in ("conventional", "replay", "replay + nvfp4"):
-                rows.append(dict(stack=name, batch=batch, variant=v, median_us=round(med[v], 1),
+                rows.append(dict(stack=name, batch=batch, variant=v, cursors="staggered" if staggered else "window",
+                                 median_us=round(med[v], 1),
                                  amortized_us=round(amortized[v], 1),
                                  ssm_share=round(1 - amortized["no ssm"] / amortized[v], 3),
                                  speedup=round(amortized["conventional"] / amortized[v], 3)))
@@ -290,6 +308,8 @@ def main():
     ap.add_argument("--peers", default=".peers")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--staggered", action="store_true",
+                    help="replay rows' cursors staggered as in serving (1/16 of the rows flush at each step)")
     args = ap.parse_args()
     if args.smoke:
         for name, errs in smoke().items():
@@ -299,7 +319,8 @@ def main():
     peers = load_peers(args.peers)
     if not {"mamba_ssm", "fla_kda"} <= set(peers):
         raise SystemExit(f"--peers: the conventional step needs mamba_ssm and fla from {args.peers}")
-    rows = bench(args.stacks.split(","), [int(b) for b in args.batches.split(",")], args.context, peers)
+    rows = bench(args.stacks.split(","), [int(b) for b in args.batches.split(",")], args.context, peers,
+                 args.staggered)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), context=args.context, rows=rows), f, indent=1)
