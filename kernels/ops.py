@@ -83,7 +83,7 @@ _PER_WORD_VERIFY = {0: 1, 1: 4, 2: 8}
 FLUSH_SCAN_ROWS = 128
 
 
-def _passes(family: str, T: int, heads: int, cols: int, rows: int, kernels: tuple, const: dict,
+def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dict,
             vk: bool = False) -> list[tuple]:
     """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass)
     of the two passes of a step (of the flush pass alone for ``T = 0``: a flush-only launch,
@@ -101,7 +101,7 @@ def _passes(family: str, T: int, heads: int, cols: int, rows: int, kernels: tupl
         # a decode on the checkpoint: one launch folds its flush rows too (unless the tile says
         # fold=False: then the decode's flush rows take the flush pass, as behind a read copy)
         tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True)
-        return _blocks([(kernels[0], tile, False)], rows, heads, const)
+        return _blocks([(kernels[0], tile, False)], rows, const)
     tt = max(16, triton.next_power_of_2(T)) if T != 1 else 1
     replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
     flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush"]
@@ -122,10 +122,10 @@ def _passes(family: str, T: int, heads: int, cols: int, rows: int, kernels: tupl
         plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw, FOLD=False, NF=16,
                                   dot="ieee"), False)]                  # NF, dot: the fold's, unused here
     plan.append((kernels[2], flush, True))
-    return _blocks(plan, rows, heads, const)
+    return _blocks(plan, rows, const)
 
 
-def _blocks(plan: list[tuple], rows: int, heads: int, const: dict) -> list[tuple]:
+def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
     """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass)
     of (kernel, tile, flush pass)."""
     out = []
@@ -261,9 +261,8 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
             out, *out.stride()[:3], window, C_cap, sr_base]
     return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), H, z), n, args + [n] if fp else args, {**c, "BP": BP},
                    nw, fp)
-            for kernel, BP, z, c, nw, fp in _passes("mamba2", T, H, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
-                                             _mamba2_flush_kernel),
-                                             const)]
+            for kernel, BP, z, c, nw, fp in _passes("mamba2", T, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
+                                                                         _mamba2_flush_kernel), const)]
 
 
 @torch.library.custom_op("replayssm::mamba2_step", mutates_args=(
@@ -340,7 +339,7 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
             *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
     return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV, z), n, args + [n] if fp else args, {**c, "BV": BV},
                    nw, fp)
-            for kernel, BV, z, c, nw, fp in _passes("kda" if per_channel else "delta", T, HV, K, V,
+            for kernel, BV, z, c, nw, fp in _passes("kda" if per_channel else "delta", T, K, V,
                                                  (_delta_decode_kernel, _delta_verify_kernel, _delta_flush_kernel),
                                                  const, vk=checkpoint.stride(-2) == 1 and K > 1)]
 
