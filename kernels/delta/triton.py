@@ -25,7 +25,7 @@ import triton.language as tl
 
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, load_read_words,
                                               round_checkpoint, store_read_copy, word_values)
-from replayssm.kernels.ring.triton import flush_row_block, row_route
+from replayssm.kernels.ring.triton import flush_row_block, flush_row_of_rank, program_ranks, row_route
 
 
 @triton.jit(do_not_specialize=["n"])   # one compile for every batch (and PTX for TensorRT)
@@ -67,11 +67,9 @@ def _delta_flush_kernel(
     base = rp * 0                                          # flush rows before the block
     for r0 in tl.range(0, n, RB, num_stages=1):
         rows, fl, rank, nf = flush_row_block(slots, count_ptr, n, r0, base, T, window, RB)
-        for kf in tl.range(base + (rp - base % RP + RP) % RP, base + nf, RP, num_stages=1):
-            i = tl.sum(tl.where(fl & (rank == kf), rows, 0), axis=0)           # the flush row of rank kf
-            sl = tl.load(slots + i)
-            count = tl.load(count_ptr + sl)
-            origin = tl.load(origin_ptr + sl)
+        k0, k1 = program_ranks(base, nf, rp, RP)
+        for kf in tl.range(k0, k1, RP, num_stages=1):
+            i, sl, count, origin = flush_row_of_rank(rows, fl, rank, kf, slots, count_ptr, origin_ptr)
             ok = tl.arange(0, K)
             ck = ckpt + sl * c_s + h * c_h + ok[:, None] * c_k + ov[None, :] * c_v
             head = (sl * HV + h) * V

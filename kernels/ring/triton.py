@@ -41,6 +41,21 @@ def flush_row_block(slots, count_ptr, n, r0, base, T: tl.constexpr, window, RB: 
 
 
 @triton.jit
+def program_ranks(base, nf, rp, RP: tl.constexpr):
+    """The flush ranks of a :func:`flush_row_block` that program ``rp`` of ``RP`` takes (those equal
+    to ``rp`` mod ``RP``), as ``tl.range`` bounds ``(first, end)``, step ``RP``."""
+    return base + (rp - base % RP + RP) % RP, base + nf
+
+
+@triton.jit
+def flush_row_of_rank(rows, fl, rank, kf, slots, count_ptr, origin_ptr):
+    """The flush row of rank ``kf`` in a :func:`flush_row_block`: ``(row, slot, count, origin)``."""
+    i = tl.sum(tl.where(fl & (rank == kf), rows, 0), axis=0)
+    sl = tl.load(slots + i)
+    return i, sl, tl.load(count_ptr + sl), tl.load(origin_ptr + sl)
+
+
+@triton.jit
 def _advance_kernel(count_ptr, origin_ptr, pending_ptr, epoch_ptr, slots, n, num_slots,
                     T, window, capacity, COMMITTED: tl.constexpr, BLOCK: tl.constexpr):
     # one layer's cursors [S + 1]; rows with slot -1 are skipped
