@@ -38,11 +38,12 @@ _compiled: set = set()
 # through a `stages`-deep pipeline (`decode_vk`: a [S, HV, V, K] checkpoint; `read_fp8` / `read`:
 # the same over an fp8 / NVFP4 read copy; `acc`: the chunks' products reduced once after the
 # stream). A decode on the checkpoint is one launch that also folds its flush rows, streaming their
-# checkpoint again in `fold_chunk`-column pieces (`dot`: the fold's precision). flush is the
-# flush pass of the other steps (Mamba-2: streamed in `chunk`-column pieces like decode; delta:
-# the flush-only launch, `flush_vk` on a [S, HV, V, K] checkpoint, `stages` its replay loop's
-# pipeline depth, `dot` its cached-d fold's precision; `flush_replay`: behind an fp8 / NVFP4 read
-# copy, which replays the window instead of folding the cached d); verify streams the state once for T > 1
+# checkpoint again in `fold_chunk`-column pieces (`dot`: the fold's precision; delta: through a
+# `fold_stages`-deep pipeline, default `stages`). flush is the flush pass of the other steps
+# (Mamba-2: streamed in `chunk`-column pieces like decode; delta: the flush-only launch, `flush_vk`
+# on a [S, HV, V, K] checkpoint, `stages` its replay loop's pipeline depth, `dot` its cached-d
+# fold's precision; `flush_replay`: behind an fp8 / NVFP4 read copy, which replays the window
+# instead of folding the cached d); verify streams the state once for T > 1
 # tokens (chunk raised to 16 words for tl.dot; smaller states pad with zero words; `dot`: the
 # products' precision); verify_flush is its flush pass. A flush pass launches `row_programs`
 # programs per (tile, head), which share the step's flush rows (found by scanning the cursors in
@@ -52,7 +53,11 @@ _compiled: set = set()
 # 16: 216.6 / 1497.6 / 303.0 (one program per head and row was 249.4 / 1192.3 / 311.8); GDN 4: 142.4 /
 # 1358.2 / 222.8 (was 163.9 / 1030.3 / 227.7). A flush body inside the row loop is slower than one
 # program's single row (1447 / 1390 us at row_programs 256); decode tiles fold (fold=False, the flush
-# pass instead, was slower on every model). Untimed tiles take 16.
+# pass instead, was slower on every model). Untimed tiles take 16. The delta fold stream's own pipeline depth
+# (2026-11-30, fp32 checkpoint, w=7 / flush / staggered us): Qwen3.5 fold_stages 1: 155.5 / 449.3 / 180.0 against
+# 156.4 / 502.8 / 194.7 at the decode's 2 (3: 469.5 flush, 4: 478.7); Kimi-Linear 3: 187.0 / 593.7 / 247.0 against
+# 190.6 / 616.6 / 251.7 (1: 284.9 staggered); [S, HV, V, K] Qwen3.5 1: 167.1 / 459.0 / 194.8 against 167.4 /
+# 472.1 / 196.1.
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False, fold_chunk=16, dot="tf32x3"),
                "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
@@ -60,8 +65,10 @@ TILES = {
                "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=16),
                "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
                "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", row_programs=16)},
-    "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, dot="tf32x3"),
-              "decode_vk": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True, fold_chunk=16, dot="tf32x3"),
+    "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=1,
+                             dot="tf32x3"),
+              "decode_vk": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True, fold_chunk=16, fold_stages=1,
+                                dot="tf32x3"),
               "read_fp8": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
               "read": dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
               "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", row_programs=16),
@@ -69,7 +76,9 @@ TILES = {
               "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3", row_programs=4),
               "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
               "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3", row_programs=16)},
-    "kda": {"decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
+    "kda": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=3,
+                           dot="tf32x3"),
+            "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
             "read": dict(rows=128, num_warps=2, chunk=16, stages=3, acc=True),
             "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
             "verify": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
@@ -101,6 +110,8 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
         # a decode on the checkpoint: one launch folds its flush rows too (unless the tile says
         # fold=False: then the decode's flush rows take the flush pass, as behind a read copy)
         tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True)
+        if family != "mamba2":
+            tile["FST"] = fold.get("fold_stages", fold["stages"])
         return _blocks([(kernels[0], tile, False)], rows, const)
     tt = max(16, triton.next_power_of_2(T)) if T != 1 else 1
     replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
@@ -119,8 +130,8 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
         pw = _PER_WORD[const["READ_FMT"]]
         dec = tiles["read" if pw > 1 else "read_fp8" if const["READ_FMT"] != 0 else "decode_vk" if vk_tile
                     else "decode"]
-        plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw, FOLD=False, NF=16,
-                                  dot="ieee"), False)]                  # NF, dot: the fold's, unused here
+        unused = dict(NF=16, dot="ieee", **({} if family == "mamba2" else {"FST": 1}))  # the fold's: unused here
+        plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw, FOLD=False, **unused), False)]
     plan.append((kernels[2], flush, True))
     return _blocks(plan, rows, const)
 
@@ -132,8 +143,8 @@ def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
     for kernel, tile, flush_pass in plan:
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
-                                         ("STAGES", "stages"), ("DOT", "dot"), ("ACC", "acc"), ("FOLD", "FOLD"),
-                                         ("NF", "NF"), ("RP", "RP"), ("RB", "RB")) if t in tile}
+                                         ("STAGES", "stages"), ("FST", "FST"), ("DOT", "dot"), ("ACC", "acc"),
+                                         ("FOLD", "FOLD"), ("NF", "NF"), ("RP", "RP"), ("RB", "RB")) if t in tile}
         out.append((kernel, block, tile["RP"] if flush_pass else "n", {**const, **extra}, tile["num_warps"],
                     flush_pass))
     return out

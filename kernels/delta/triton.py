@@ -250,7 +250,7 @@ def _delta_decode_kernel(
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, RC_PW: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr,
-    ACC: tl.constexpr, FOLD: tl.constexpr, NF: tl.constexpr, DOT: tl.constexpr,
+    ACC: tl.constexpr, FOLD: tl.constexpr, NF: tl.constexpr, DOT: tl.constexpr, FST: tl.constexpr,
 ):
     """Non-flush decode rows (T = 1), arguments as ``_delta_flush_kernel``: the state (or read
     copy) is streamed in ``NC``-key-channel chunks through a ``STAGES``-deep pipeline together with
@@ -436,7 +436,7 @@ def _delta_decode_kernel(
             _fold_rows(ckpt + sl * c_s + h * c_h, c_k, c_v, rk, rg, pos, hist, k + i * k_r + hk * k_h,
                       g + i * g_r + h * g_h, d_h, d_t, hist if PER_CHANNEL else dec, 1.0 if PER_CHANNEL else top,
                       ov, vmask, h, sr_base, tl.load(epoch_ptr + sl),
-                      K, V, NF, STAGES, PER_CHANNEL, CKPT_FMT, DOT)
+                      K, V, NF, FST, PER_CHANNEL, CKPT_FMT, DOT)
     tl.store(out + i * o_r + h * o_h + ov, tl.where(valid, o, 0.0).to(out.dtype.element_ty),
              mask=vmask & (active | ~valid))
     tl.store(rd + tok * V + ov, d_t, mask=vmask & active)
