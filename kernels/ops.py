@@ -38,8 +38,8 @@ _compiled: set = set()
 # through a `stages`-deep pipeline (`decode_vk`: a [S, HV, V, K] checkpoint; `read_fp8` / `read`:
 # the same over an fp8 / NVFP4 read copy; `acc`: the chunks' products reduced once after the
 # stream). A decode on the checkpoint is one launch that also folds its flush rows, streaming their
-# checkpoint again in `fold_chunk`-column pieces (`dot`: the fold's precision; delta: through a
-# `fold_stages`-deep pipeline, default `stages`). flush is the flush pass of the other steps
+# checkpoint again in `fold_chunk`-column pieces (`dot`: the fold's precision) through a
+# `fold_stages`-deep pipeline (default `stages`). flush is the flush pass of the other steps
 # (Mamba-2: streamed in `chunk`-column pieces like decode; delta: the flush-only launch, `flush_vk`
 # on a [S, HV, V, K] checkpoint, `stages` its replay loop's pipeline depth, `dot` its cached-d
 # fold's precision; `flush_replay`: behind an fp8 / NVFP4 read copy, which replays the window
@@ -109,9 +109,8 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     if T == 1 and const["COMMITTED"] and const["READ_FMT"] == 0 and fold.get("fold", True):
         # a decode on the checkpoint: one launch folds its flush rows too (unless the tile says
         # fold=False: then the decode's flush rows take the flush pass, as behind a read copy)
-        tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True)
-        if family != "mamba2":
-            tile["FST"] = fold.get("fold_stages", fold["stages"])
+        tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True,
+                    FST=fold.get("fold_stages", fold["stages"]))
         return _blocks([(kernels[0], tile, False)], rows, const)
     tt = max(16, triton.next_power_of_2(T)) if T != 1 else 1
     replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
@@ -130,7 +129,7 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
         pw = _PER_WORD[const["READ_FMT"]]
         dec = tiles["read" if pw > 1 else "read_fp8" if const["READ_FMT"] != 0 else "decode_vk" if vk_tile
                     else "decode"]
-        unused = dict(NF=16, dot="ieee", **({} if family == "mamba2" else {"FST": 1}))  # the fold's: unused here
+        unused = dict(NF=16, dot="ieee", FST=1)                         # the fold's: unused here
         plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw, FOLD=False, **unused), False)]
     plan.append((kernels[2], flush, True))
     return _blocks(plan, rows, const)

@@ -187,7 +187,7 @@ def _mamba2_decode_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
     RC_PW: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr, ACC: tl.constexpr, FOLD: tl.constexpr,
-    NF: tl.constexpr, DOT: tl.constexpr,
+    NF: tl.constexpr, DOT: tl.constexpr, FST: tl.constexpr,
 ):
     """Non-flush decode rows (T = 1), arguments as ``_mamba2_flush_kernel``: the state (or read
     copy) is streamed in ``NC``-column chunks through a ``STAGES``-deep pipeline, with the ring's
@@ -301,7 +301,7 @@ def _mamba2_decode_kernel(
             decay = tl.exp(lam_t)
             ep = tl.load(epoch_ptr + sl)
             jf = tl.arange(0, NF)
-            for c in tl.range(0, N // NF, num_stages=STAGES):
+            for c in tl.range(0, N // NF, num_stages=FST):
                 on = c * NF + jf
                 ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
                 S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                      # [BP, NF]
