@@ -1,6 +1,7 @@
 """Turn a bench_decode.py JSON into the BENCHMARKS.md tables and a PNG plot.
 
     python benchmarks/report.py docs/bench-h200-2026-11-29.json --png docs/decode-h200.png
+    python benchmarks/report.py bench.json --bars docs/decode-h200-b256.png --title "..."   (one batch)
 """
 
 from __future__ import annotations
@@ -92,6 +93,47 @@ def verify_table(t):
     return "\n".join(rows)
 
 
+def _amortized(m, fmt):
+    """(15 x non-flush w=7 + flush) / 16 behind a read copy, or None."""
+    nf, fl = m.get(f"ours non-flush w=7 {fmt}"), m.get(f"ours flush {fmt}")
+    return (15 * nf["us"] + fl["us"]) / 16 if nf and fl else None
+
+
+def plot_batch(t, batch, path, title):
+    """Grouped bars at one batch: each model's step under every variant and peer, floors as lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    models = [mm for mm in ("nemotron-h", "qwen3.5", "qwen3.5-122b", "kimi-linear") if (mm, batch) in t]
+    variants = {
+        "conventional peer (mamba_ssm / fla)": lambda m, mm: m[PEER[mm]]["us"],
+        "SGLang replay, amortized": lambda m, mm: sglang_amortized(m),
+        "SGLang replay, staggered": lambda m, mm: m.get("peer sglang replay staggered (1/16 of rows flush)",
+                                                        {}).get("us"),
+        "replayssm fp32, amortized": lambda m, mm: m["ours amortized (16-step window)"]["us"],
+        "replayssm fp32, staggered": lambda m, mm: m["ours staggered step (1/16 of rows flush)"]["us"],
+        "replayssm + fp8 copy, amortized": lambda m, mm: _amortized(m, "fp8"),
+        "replayssm + NVFP4 copy, amortized": lambda m, mm: _amortized(m, "nvfp4"),
+        "replayssm + NVFP4 copy, staggered": lambda m, mm: m["ours staggered step nvfp4"]["us"],
+    }
+    fig, ax = plt.subplots(figsize=(14, 5))
+    width = 0.8 / len(variants)
+    for j, (name, get) in enumerate(variants.items()):
+        ys = [get(t[(mm, batch)], mm) or 0.0 for mm in models]
+        ax.bar([i + (j - len(variants) / 2 + 0.5) * width for i in range(len(models))], ys, width, label=name)
+    for i, mm in enumerate(models):
+        for key, style in (("floor read", ":"), ("floor read+write", "--")):
+            ax.hlines(t[(mm, batch)][key]["us"], i - 0.42, i + 0.42, colors="k", linestyles=style, linewidth=1,
+                      label=f"{key} of the fp32 state" if i == 0 else None)
+    ax.set_xticks(range(len(models)), models)
+    ax.set_ylabel("µs per decode step (one layer)")
+    ax.set_title(title)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def plot(t, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -128,6 +170,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("json")
     ap.add_argument("--png", default=None)
+    ap.add_argument("--bars", default=None, metavar="PNG", help="grouped bars at the JSON's batch 256 (or its only batch)")
+    ap.add_argument("--title", default="Decode step per layer on an H200 (window 16, bf16 activations)")
     args = ap.parse_args()
     data, t = load(args.json)
     copy = t[("copy", 0)]["device copy 1 GiB, no graph"]["gbps"]
@@ -138,6 +182,9 @@ def main():
     print(verify_table(t))
     if args.png:
         plot(t, args.png)
+    if args.bars:
+        batches = sorted({b for (mm, b) in t if mm != "copy"})
+        plot_batch(t, 256 if 256 in batches else batches[0], args.bars, args.title)
 
 
 if __name__ == "__main__":
