@@ -170,7 +170,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("json")
     ap.add_argument("--png", default=None)
-    ap.add_argument("--bars", default=None, metavar="PNG", help="grouped bars at the JSON's batch 256 (or its only batch)")
+    ap.add_argument("--bars", default=None, metavar="PNG",
+                    help="grouped bars at the JSON's batch 256 (or its only batch)")
     ap.add_argument("--title", default="Decode step per layer on an H200 (window 16, bf16 activations)")
     args = ap.parse_args()
     data, t = load(args.json)

@@ -267,9 +267,9 @@ def _delta_decode_kernel(
 
     ``FOLD`` (checkpoint read format only): the flush rows too, so that a decode step is this one
     launch. A flush row runs the pass above (this token's d and output in output-only form), then
-    streams its checkpoint again (the chunks are still in L2) in ``NF``-channel chunks and folds the
-    window, history and this token: ``S = e^{Γ} S0 + Wᵀ D`` with ``W_j = e^{Γ - Γ_j} ⊙ k_j`` (one
-    ``tl.dot`` per chunk at precision ``DOT``), rounds and stores it. The cached d are the
+    streams its checkpoint again (the chunks are still in L2) in ``NF``-channel chunks through an
+    ``FST``-deep pipeline and folds the window, history and this token: ``S = e^{Γ} S0 + Wᵀ D`` with
+    ``W_j = e^{Γ - Γ_j} ⊙ k_j`` (one ``tl.dot`` per chunk at precision ``DOT``), rounds and stores it. The cached d are the
     recurrence's own because they came from this checkpoint. That second stream sits behind a
     branch on the row's cursor: non-flush rows skip it."""
     tl.static_assert((not FOLD) or (READ_FMT == READ_CHECKPOINT), "the fold flush reads the checkpoint")
