@@ -109,6 +109,7 @@ for _kind in ("decode", "decode_vk"):
     CANDIDATES["delta"][_kind] += ([dict(ops.TILES["delta"][_kind], fold_stages=fs) for fs in (1, 3, 4)]
                                    + [dict(ops.TILES["delta"][_kind], fold_chunk=32, fold_stages=3)])
 CANDIDATES["mamba2"]["decode"] += [dict(ops.TILES["mamba2"]["decode"], fold_stages=fs) for fs in (1, 2, 4)]
+CANDIDATES["delta"]["decode_vk"] += [dict(ops.TILES["kda"]["decode_vk"], fold_stages=fs) for fs in (4, 1, 2, 3)]
 # kind -> [(column, read format, tokens, fill)]; the _vk kinds run on a [S, HV, V, K] checkpoint (the
 # SGLang / TRT-LLM adapters' layout). The amortized column is (15 x w=7 + flush) / 16; a fill of None is
 # the staggered step (row r holds r mod 16 entries: 1/16 of the rows flush, the serving steady state).
