@@ -269,8 +269,8 @@ def _delta_decode_kernel(
     launch. A flush row runs the pass above (this token's d and output in output-only form), then
     streams its checkpoint again (the chunks are still in L2) in ``NF``-channel chunks through an
     ``FST``-deep pipeline and folds the window, history and this token: ``S = e^{Γ} S0 + Wᵀ D`` with
-    ``W_j = e^{Γ - Γ_j} ⊙ k_j`` (one ``tl.dot`` per chunk at precision ``DOT``), rounds and stores it. The cached d are the
-    recurrence's own because they came from this checkpoint. That second stream sits behind a
+    ``W_j = e^{Γ - Γ_j} ⊙ k_j`` (one ``tl.dot`` per chunk at precision ``DOT``), rounds and stores it.
+    The cached d are the recurrence's own because they came from this checkpoint. That second stream sits behind a
     branch on the row's cursor: non-flush rows skip it."""
     tl.static_assert((not FOLD) or (READ_FMT == READ_CHECKPOINT), "the fold flush reads the checkpoint")
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -415,9 +415,10 @@ def _delta_decode_kernel(
     if ACC:
         u = tl.sum(au, axis=0 if READ_FMT == READ_CHECKPOINT else 1)
         r = tl.sum(ar, axis=0 if READ_FMT == READ_CHECKPOINT else 1)
-        ck_ += tl.sum(ahk, axis=1)                         # (zero under GATED_WORDS, which sums in place)
-        cq += tl.sum(ahq, axis=1)
-        kq += tl.sum(akq, axis=0)
+        if not GATED_WORDS:                                # which sums the coefficients in place
+            ck_ += tl.sum(ahk, axis=1)
+            cq += tl.sum(ahq, axis=1)
+            kq += tl.sum(akq, axis=0)
     if RC_PW > 1:
         rsc = tl.load(rc_rs + head + ov, mask=vmask, other=0.0)
         u *= rsc
