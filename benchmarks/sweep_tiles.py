@@ -57,7 +57,8 @@ CANDIDATES = {
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=64, num_warps=4, chunk=64, stages=2, dot="tf32x3"),
                    dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
-        "flush": [dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=r) for r in (4, 16, 64, 256)]
+        "flush": [dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=r)
+                  for r in (4, 16, 64, 256)]
                  + [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", row_programs=16)],
     },
     "delta": {
