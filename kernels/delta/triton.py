@@ -213,6 +213,15 @@ def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top
     ``g_tok``, ``d_t``), rounded and stored. A scalar gate arrives as ``dec = e^{Γ - Γ_j}`` and
     ``top = e^{Γ}``; per-channel gates are re-read from the ring chunk by chunk."""
     jc = tl.arange(0, NF)
+    # A scalar gate over 16-bit ring keys: the decay moves onto D, the keys are exact tf32 operands, and
+    # D splits once into a tf32 head and a remainder rounded to tf32: two tf32 products per piece carry
+    # tf32x3's precision, against three (and two operand splits) per piece
+    SPLIT_D: tl.constexpr = (not PER_CHANNEL) and DOT == "tf32x3" and rk.dtype.element_ty.primitive_bitwidth == 16
+    if SPLIT_D:
+        dd = d_h * dec[:, None]                                                                    # [BM, BV]
+        dd_hi = (dd.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)             # low 13 bits cleared
+        dd_lo = dd - dd_hi                                                                         # exact
+        dd_lo = ((dd_lo.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)  # nearest tf32
     for c in tl.range(0, K // NF, num_stages=STAGES):
         okc = c * NF + jc
         ptr = ck + okc[:, None] * c_k + ov[None, :] * c_v
@@ -224,10 +233,13 @@ def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top
             gt_c = tl.sum(g_hc, axis=0) + tl.load(g_tok + okc).to(tl.float32)
             w = tl.where(hist[:, None], tl.exp(tl.minimum(gt_c[None, :] - tl.cumsum(g_hc, axis=0), 0.0)), 0.0) * kh
             s = s0 * tl.exp(gt_c)[:, None]
+            s = tl.dot(tl.trans(w), d_h, acc=s, input_precision=DOT)
+        elif SPLIT_D:
+            s = tl.dot(tl.trans(kh), dd_hi, acc=s0 * top, input_precision="tf32")
+            s = tl.dot(tl.trans(kh), dd_lo, acc=s, input_precision="tf32")
         else:
-            w = kh * dec[:, None]
-            s = s0 * top
-        s = tl.dot(tl.trans(w), d_h, acc=s, input_precision=DOT) + kc[:, None] * d_t[None, :]
+            s = tl.dot(tl.trans(kh * dec[:, None]), d_h, acc=s0 * top, input_precision=DOT)
+        s += kc[:, None] * d_t[None, :]
         index = h * (K * V) + okc[:, None] * V + ov[None, :]
         tl.store(ptr, round_checkpoint(s, index, sr_base, ep, CKPT_FMT), mask=vmask[None, :])
 
