@@ -301,6 +301,14 @@ def _mamba2_decode_kernel(
             decay = tl.exp(lam_t)
             ep = tl.load(epoch_ptr + sl)
             jf = tl.arange(0, NF)
+            # 16-bit ring and token B are exact tf32 operands: the weighted x splits once into a tf32 head
+            # and a remainder rounded to tf32, two tf32 products per piece with tf32x3's precision
+            SPLIT_X: tl.constexpr = DOT == "tf32x3" and rB.dtype.element_ty.primitive_bitwidth == 16 \
+                and B.dtype.element_ty.primitive_bitwidth == 16
+            if SPLIT_X:
+                xs_hi = (xs.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)   # low 13 bits cleared
+                xs_lo = xs - xs_hi                                                                # exact
+                xs_lo = ((xs_lo.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
             for c in tl.range(0, N // NF, num_stages=FST):
                 on = c * NF + jf
                 ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
@@ -308,7 +316,11 @@ def _mamba2_decode_kernel(
                 B_w = tl.where((e == count)[:, None], tl.load(B + i * b_r + g * b_g + on).to(tl.float32)[None, :],
                                tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None],
                                        other=0.0).to(tl.float32))                                      # [BM, NF]
-                S_F = tl.dot(xs, B_w, acc=decay * S0, input_precision=DOT)
+                if SPLIT_X:
+                    S_F = tl.dot(xs_hi, B_w, acc=decay * S0, input_precision="tf32")
+                    S_F = tl.dot(xs_lo, B_w, acc=S_F, input_precision="tf32")
+                else:
+                    S_F = tl.dot(xs, B_w, acc=decay * S0, input_precision=DOT)
                 tl.store(ck, round_checkpoint(S_F, h * (P * N) + op[:, None] * N + on[None, :], sr_base, ep,
                                               CKPT_FMT), mask=pmask[:, None])
 
