@@ -488,8 +488,9 @@ def _delta_verify_kernel(
     products of history entries with the tokens ``[BM, TT]`` and of tokens with tokens ``[TT, TT]``.
     Then the tokens' d solve forward (``d_t = β_t (v_t - U_t - Σ_e c_et d_e)``, T steps on
     ``[BV]`` vectors), ``O = scale (R + D_hist C_q + D_tok N_q)``. KDA's per-channel decays enter
-    the products factored at the history's end (both factors <= 1) for history pairs, and
-    pairwise for token pairs. Writes outputs, the tokens' d and ring entries only."""
+    the products factored at the history's end (both factors <= 1) for history pairs, and pair
+    by pair for token pairs (``[16, TT, TT]`` blocks of 16 channels, before the stream). Writes
+    outputs, the tokens' d and ring entries only."""
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
@@ -520,13 +521,32 @@ def _delta_verify_kernel(
         g_tok = tl.load(g + i * g_r + tt * g_t + h, mask=tmask, other=0.0).to(tl.float32)       # [TT]
         gam_h = tl.cumsum(g_h, axis=0)                                                        # [BM]
         gam_t = tl.sum(g_h, axis=0) + tl.cumsum(g_tok, axis=0)                                # [TT]
+    NK = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (keys)
+    NQ = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (queries)
+    if PER_CHANNEL:
+        # token pairs s <= t under per-channel decays: e^{Γ_t - Γ_s} <= 1 taken pair by pair (a factored form
+        # over- / underflows under strong decays) in [PC, TT, TT] blocks of PC channels, before the state
+        # stream so that the blocks are not live beside its accumulators
+        PC: tl.constexpr = 16
+        jp = tl.arange(0, PC)
+        pair = (tt[:, None] <= tt[None, :])[None, :, :]                                      # [1, TT, TT]
+        for c in tl.range(0, K // PC):
+            okp = c * PC + jp
+            tp = tmask[None, :]
+            kP = tl.load(k + i * k_r + tt[None, :] * k_t + hk * k_h + okp[:, None], mask=tp,
+                         other=0.0).to(tl.float32)                                              # [PC, TT]
+            qP = tl.load(q + i * q_r + tt[None, :] * q_t + hk * q_h + okp[:, None], mask=tp,
+                         other=0.0).to(tl.float32)
+            gP = tl.cumsum(tl.load(g + i * g_r + tt[None, :] * g_t + h * g_h + okp[:, None], mask=tp,
+                                   other=0.0).to(tl.float32), axis=1)
+            w3 = tl.where(pair, tl.exp(tl.minimum(gP[:, None, :] - gP[:, :, None], 0.0)), 0.0) * kP[:, :, None]
+            NK += tl.sum(w3 * kP[:, None, :], axis=0)                                      # [TT(s), TT(t)]
+            NQ += tl.sum(w3 * qP[:, None, :], axis=0)
     d_h = tl.load(rd + pos[None, :] * V + ov[:, None], mask=hist[None, :] & vmask[:, None], other=0.0)  # [BV, BM]
     U = tl.zeros([BV, TT], dtype=tl.float32)
     R = tl.zeros([BV, TT], dtype=tl.float32)
     HK_ = tl.zeros([BM, TT], dtype=tl.float32)            # history entry e . token t (keys)
     HQ = tl.zeros([BM, TT], dtype=tl.float32)             # history entry e . token t (queries)
-    NK = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (keys)
-    NQ = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (queries)
     jw = tl.arange(0, NWP)
     wmask = jw < NC // RC_PW
     for c in tl.range(0, K // NC, num_stages=STAGES):
@@ -559,13 +579,6 @@ def _delta_verify_kernel(
                 R += tl.dot(S0, qT * (f_t * tl.exp(gc)[:, None]), input_precision=DOT)
                 HK_ += tl.dot(kh_s, kT * f_t, input_precision=DOT)
                 HQ += tl.dot(kh_s, qT * f_t, input_precision=DOT)
-                for s in tl.static_range(T):
-                    sel = (tt == s)[None, :]
-                    k_s = tl.sum(tl.where(sel, kT, 0.0), axis=1)                              # [NWP]
-                    g_s = tl.sum(tl.where(sel, gam_T, 0.0), axis=1)
-                    dec = tl.where((tt >= s)[None, :], tl.exp(tl.minimum(gam_T - g_s[:, None], 0.0)), 0.0)
-                    NK += tl.where((tt == s)[:, None], tl.sum(dec * (k_s[:, None] * kT), axis=0)[None, :], 0.0)
-                    NQ += tl.where((tt == s)[:, None], tl.sum(dec * (k_s[:, None] * qT), axis=0)[None, :], 0.0)
                 tl.store(rg + tpos[None, :] * K + okc[:, None], gT, mask=tw & active & (pid_v == 0))
             else:
                 kS = tl.trans(kT)                                                             # [TT, NWP]
