@@ -1,7 +1,8 @@
 """Tile sweep: candidate ``ops.TILES`` entries timed at one batch, one table per tile kind.
 
     python benchmarks/sweep_tiles.py [--batch 256] [--models nemotron-h,qwen3.5,kimi-linear]
-                                     [--kinds decode,decode_vk,read_fp8,read,verify,flush,flush_replay]
+                                     [--kinds decode,decode_vk,read_fp8,read,verify,verify_read,flush,
+                                              flush_replay]
                                      [--pick 0,-1]
 
 Per model and kind, each candidate's step time, and the largest output difference from the first
@@ -11,7 +12,8 @@ candidate (the candidates must agree):
   same on a [S, HV, V, K] checkpoint, the layout the SGLang and TRT-LLM adapters bind;
 - read_fp8, read: the non-flush step over an fp8 / NVFP4 read copy (read_fp8 tries the decode
   candidates);
-- verify: a T = 8 verify without flush (w = 16 - 1 - 8), ring sized for 8 tokens;
+- verify, verify_read: a T = 8 verify without flush (w = 16 - 1 - 8), ring sized for 8 tokens, on the
+  checkpoint / behind an NVFP4 read copy (verify_read tries the verify candidates);
 - flush (Mamba-2): the non-flush and the flush step behind an NVFP4 read copy, and their amortized
   step (the flush pass is launched at every step; on the checkpoint the decode step's flush is the
   decode launch's fold: the decode kinds; this tile also serves the flush-only launch);
@@ -56,7 +58,9 @@ CANDIDATES = {
         "verify": [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=64, num_warps=4, chunk=64, stages=2, dot="tf32x3"),
-                   dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
+                   dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+                   dict(rows=64, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+                   dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3")],
         "flush": [dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=r)
                   for r in (4, 16, 64, 256)]
                  + [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", row_programs=16)],
@@ -94,7 +98,12 @@ CANDIDATES = {
         "verify": [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=64, num_warps=4, chunk=32, stages=2, dot="ieee"),
                    dict(rows=128, num_warps=8, chunk=32, stages=2, dot="tf32x3"),
-                   dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
+                   dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+                   dict(rows=128, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
+                   dict(rows=64, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+                   dict(rows=128, num_warps=4, chunk=16, stages=3, dot="tf32x3"),
+                   dict(rows=128, num_warps=4, chunk=64, stages=2, dot="tf32x3"),
+                   dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
         "flush_replay": [dict(rows=32, num_warps=2, stages=2, dot="tf32x3", row_programs=r) for r in (4, 16, 64, 256)]
                         + [dict(rows=64, num_warps=4, stages=2, dot="tf32x3", row_programs=16)],
     },
@@ -117,7 +126,8 @@ CANDIDATES["delta"]["decode_vk"] += [dict(ops.TILES["kda"]["decode_vk"], fold_st
 _DECODE = [("w=7", "checkpoint", 1, 7), ("flush", "checkpoint", 1, WINDOW - 1), ("staggered", "checkpoint", 1, None)]
 SETUPS = {"decode": _DECODE, "decode_vk": _DECODE, "read_fp8": [("w=7", "fp8", 1, 7)],
           "read": [("w=7", "nvfp4", 1, 7)],
-          "verify": [(f, f, VERIFY_T, WINDOW - 1 - VERIFY_T) for f in ("checkpoint", "nvfp4")],
+          "verify": [("checkpoint", "checkpoint", VERIFY_T, WINDOW - 1 - VERIFY_T)],
+          "verify_read": [("nvfp4", "nvfp4", VERIFY_T, WINDOW - 1 - VERIFY_T)],
           "flush": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1), ("staggered", "nvfp4", 1, None)],
           "flush_replay": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1),
                            ("staggered", "nvfp4", 1, None)]}
@@ -142,7 +152,7 @@ def sweep(name, batch, kinds, pick=None):
     saved = {k: dict(v) for k, v in table.items()}
     print(f"\n{name} batch {batch} (tiles now {saved})")
     for kind in kinds:
-        candidates = CANDIDATES[fam].get("decode" if kind == "read_fp8" else kind)
+        candidates = CANDIDATES[fam].get({"read_fp8": "decode", "verify_read": "verify"}.get(kind, kind))
         if candidates is None:                   # flush_replay and the _vk kinds are the delta families'
             continue
         columns = SETUPS[kind]
@@ -173,7 +183,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--models", default="nemotron-h,qwen3.5,kimi-linear")
-    ap.add_argument("--kinds", default="decode,decode_vk,read_fp8,read,verify,flush,flush_replay")
+    ap.add_argument("--kinds", default="decode,decode_vk,read_fp8,read,verify,verify_read,flush,flush_replay")
     ap.add_argument("--pick", help="comma-separated candidate indices to time (Python indexing; default all)")
     args = ap.parse_args()
     pick = None if args.pick is None else [int(j) for j in args.pick.split(",")]

@@ -43,12 +43,13 @@ _compiled: set = set()
 # (Mamba-2: streamed in `chunk`-column pieces like decode; delta: the flush-only launch, `flush_vk`
 # on a [S, HV, V, K] checkpoint, `stages` its replay loop's pipeline depth, `dot` its cached-d
 # fold's precision; `flush_replay`: behind an fp8 / NVFP4 read copy, which replays the window
-# instead of folding the cached d); verify streams the state once for T > 1
-# tokens (chunk raised to 16 words for tl.dot; smaller states pad with zero words; `dot`: the
-# products' precision); verify_flush is its flush pass. A flush pass launches `row_programs`
-# programs per (tile, head), which share the step's flush rows (found by scanning the cursors in
-# FLUSH_SCAN_ROWS-row blocks): a step where few rows flush launches no program per row (at batch
-# 256 one program per (tile, head, row) cost 35-45 us of exiting programs on every non-flush step).
+# instead of folding the cached d); verify streams the state once for T > 1 tokens (chunk raised to
+# 16 words for tl.dot; smaller states pad with zero words; `dot`: the products' precision),
+# `verify_read` behind an fp8 / NVFP4 read copy; verify_flush is its flush pass. A flush pass
+# launches `row_programs` programs per (tile, head), which share the step's flush rows (found by
+# scanning the cursors in FLUSH_SCAN_ROWS-row blocks): a step where few rows flush launches no
+# program per row (at batch 256 one program per (tile, head, row) cost 35-45 us of exiting programs
+# on every non-flush step).
 # Swept 2026-11-30 at batch 256 behind NVFP4 (w=7 / flush / staggered step, us): Mamba-2 row_programs
 # 16: 216.6 / 1497.6 / 303.0 (one program per head and row was 249.4 / 1192.3 / 311.8); GDN 4: 142.4 /
 # 1358.2 / 222.8 (was 163.9 / 1030.3 / 227.7). A flush body inside the row loop is slower than one
@@ -57,13 +58,17 @@ _compiled: set = set()
 # (2026-11-30, fp32 checkpoint, w=7 / flush / staggered us): Qwen3.5 fold_stages 1: 155.5 / 449.3 / 180.0 against
 # 156.4 / 502.8 / 194.7 at the decode's 2 (3: 469.5 flush, 4: 478.7); Kimi-Linear 3: 187.0 / 593.7 / 247.0 against
 # 190.6 / 616.6 / 251.7 (1: 284.9 staggered); [S, HV, V, K] Qwen3.5 1: 167.1 / 459.0 / 194.8 against 167.4 /
-# 472.1 / 196.1.
+# 472.1 / 196.1. Verify tiles (2026-11-30, batch 256, T = 8, checkpoint / behind NVFP4, us): Mamba-2 64 rows / 1 warp
+# 728.3 (32 / 2 was 1116.6), NVFP4 64 / 2 1423.7 (1813.1); GDN Qwen3.5 128 / 2 414.1 (32 / 2: 653.0), NVFP4 64 / 2
+# 736.2 (938.6); KDA 128 / 2 1028.0 (64 / 4: 2191.2), NVFP4 128 / 4 1460.7 (2345.0). fp8 verify takes verify_read
+# untimed.
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False, fold_chunk=16, dot="tf32x3"),
                "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
                "read": dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
                "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=16),
-               "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+               "verify": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
+               "verify_read": dict(rows=64, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
                "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", row_programs=16)},
     "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=1,
                              dot="tf32x3"),
@@ -74,14 +79,16 @@ TILES = {
               "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", row_programs=16),
               "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
               "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3", row_programs=4),
-              "verify": dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+              "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+              "verify_read": dict(rows=64, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
               "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3", row_programs=16)},
     "kda": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=3,
                            dot="tf32x3"),
             "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
             "read": dict(rows=128, num_warps=2, chunk=16, stages=3, acc=True),
             "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-            "verify": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
+            "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+            "verify_read": dict(rows=128, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }
 # codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
 # codes; the checkpoint and fp8 (bytes, decoded in place) move one value per element
@@ -122,7 +129,7 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
         plan = []
     elif T > 1:
         pw = _PER_WORD_VERIFY[const["READ_FMT"]]
-        ver = tiles["verify"]
+        ver = tiles["verify" if const["READ_FMT"] == 0 else "verify_read"]
         nc = min(cols, max(ver["chunk"], 16 * pw))
         plan = [(kernels[1], dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=tt), False)]
     else:
