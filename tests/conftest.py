@@ -25,6 +25,35 @@ if DEVICE == "cuda":
         raise pytest.UsageError("REPLAYSSM_TEST_DEVICE=cuda runs the Triton kernels on the GPU; unset TRITON_INTERPRET")
 elif not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _tf32_dots_in_the_interpreter():
+    """Triton's interpreter multiplies ``tl.dot`` operands in fp32 whatever the precision asked. A
+    GPU's tensor cores take the operands of an ``input_precision="tf32"`` product rounded to tf32
+    (10 mantissa bits, to nearest, ties away: ``cvt.rna.tf32.f32``); round them so here too, so that
+    a tf32 product over an operand that tf32 does not hold exactly fails the CPU tests as well."""
+    import numpy as np
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def rounded(h):
+        if h.data.dtype != np.float32:
+            return h
+        bits = (h.data.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+        return interpreter.TensorHandle(bits.view(np.float32), h.dtype)
+
+    def create_dot_tf32(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if input_precision == ir.INPUT_PRECISION.TF32:
+            a, b = rounded(a), rounded(b)
+        return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot_tf32
+
+
+if os.environ.get("TRITON_INTERPRET", "0") != "0":
+    _tf32_dots_in_the_interpreter()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
