@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, load_read_words,
-                                              round_checkpoint, store_read_copy, word_values)
+                                              round_checkpoint, store_read_copy, tf32_split, word_values)
 from replayssm.kernels.ring.triton import flush_row_block, flush_row_of_rank, program_ranks, row_route
 
 
@@ -218,10 +218,7 @@ def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top
     # tf32x3's precision, against three (and two operand splits) per piece
     SPLIT_D: tl.constexpr = (not PER_CHANNEL) and DOT == "tf32x3" and rk.dtype.element_ty.primitive_bitwidth == 16
     if SPLIT_D:
-        dd = d_h * dec[:, None]                                                                    # [BM, BV]
-        dd_hi = (dd.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)             # low 13 bits cleared
-        dd_lo = dd - dd_hi                                                                         # exact
-        dd_lo = ((dd_lo.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)  # nearest tf32
+        dd_hi, dd_lo = tf32_split(d_h * dec[:, None])                                             # [BM, BV]
     for c in tl.range(0, K // NF, num_stages=STAGES):
         okc = c * NF + jc
         ptr = ck + okc[:, None] * c_k + ov[None, :] * c_v

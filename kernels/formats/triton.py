@@ -57,6 +57,17 @@ def fp16_stochastic_round(x, u):
 
 
 @triton.jit
+def tf32_split(x):
+    """fp32 ``x`` as ``hi + lo``, two tf32 operands: ``hi`` its top 10 mantissa bits (the low 13
+    cleared, exact), ``lo`` the remainder rounded to nearest tf32. Against an operand that tf32 holds
+    exactly (16-bit values, read-copy values), the two tf32 products over ``hi`` and ``lo`` carry
+    ``tf32x3``'s precision in two passes instead of three and without its operand splits."""
+    hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    lo = x - hi                                                                          # exact
+    return hi, ((lo.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def bf16_round(x):
     """fp32 -> bf16, nearest-even, with integer arithmetic (every target rounds alike)."""
     b = x.to(tl.uint32, bitcast=True)

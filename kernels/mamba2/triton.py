@@ -18,7 +18,7 @@ import triton.language as tl
 
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, load_read_words,
                                               round_checkpoint, store_read_chunk, store_read_rows_scale,
-                                              word_values)
+                                              tf32_split, word_values)
 from replayssm.kernels.ring.triton import flush_row_block, flush_row_of_rank, program_ranks, row_route
 
 
@@ -306,9 +306,7 @@ def _mamba2_decode_kernel(
             SPLIT_X: tl.constexpr = DOT == "tf32x3" and rB.dtype.element_ty.primitive_bitwidth == 16 \
                 and B.dtype.element_ty.primitive_bitwidth == 16
             if SPLIT_X:
-                xs_hi = (xs.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)   # low 13 bits cleared
-                xs_lo = xs - xs_hi                                                                # exact
-                xs_lo = ((xs_lo.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
+                xs_hi, xs_lo = tf32_split(xs)
             for c in tl.range(0, N // NF, num_stages=FST):
                 on = c * NF + jf
                 ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
