@@ -279,8 +279,8 @@ def _delta_decode_kernel(
     streams its checkpoint again (the chunks are still in L2) in ``NF``-channel chunks through an
     ``FST``-deep pipeline and folds the window, history and this token: ``S = e^{Γ} S0 + Wᵀ D`` with
     ``W_j = e^{Γ - Γ_j} ⊙ k_j`` (one ``tl.dot`` per chunk at precision ``DOT``), rounds and stores it.
-    The cached d are the recurrence's own because they came from this checkpoint. That second stream sits behind a
-    branch on the row's cursor: non-flush rows skip it."""
+    The cached d are the recurrence's own because they came from this checkpoint. That second
+    stream sits behind a branch on the row's cursor: non-flush rows skip it."""
     tl.static_assert((not FOLD) or (READ_FMT == READ_CHECKPOINT), "the fold flush reads the checkpoint")
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
@@ -527,9 +527,9 @@ def _delta_verify_kernel(
         PC: tl.constexpr = 16
         jp = tl.arange(0, PC)
         pair = (tt[:, None] <= tt[None, :])[None, :, :]                                      # [1, TT, TT]
+        tp = tmask[None, :]
         for c in tl.range(0, K // PC):
             okp = c * PC + jp
-            tp = tmask[None, :]
             kP = tl.load(k + i * k_r + tt[None, :] * k_t + hk * k_h + okp[:, None], mask=tp,
                          other=0.0).to(tl.float32)                                              # [PC, TT]
             qP = tl.load(q + i * q_r + tt[None, :] * q_t + hk * q_h + okp[:, None], mask=tp,
