@@ -3,7 +3,7 @@
     python benchmarks/sweep_tiles.py [--batch 256] [--models nemotron-h,qwen3.5,kimi-linear]
                                      [--kinds decode,decode_vk,read_fp8,read,verify,verify_read,flush,
                                               flush_replay]
-                                     [--pick 0,-1]
+                                     [--pick 0,-1] [--q-dtype bfloat16|float32]
 
 Per model and kind, each candidate's step time, and the largest output difference from the first
 candidate (the candidates must agree):
@@ -133,10 +133,13 @@ SETUPS = {"decode": _DECODE, "decode_vk": _DECODE, "read_fp8": [("w=7", "fp8", 1
                            ("staggered", "nvfp4", 1, None)]}
 
 
-def _time(spec, batch, read_format, T, fill, state_layout="kv"):
+def _time(spec, batch, read_format, T, fill, state_layout="kv", q_dtype=None):
     layer = Layer(spec, batch, read_format=read_format, max_draft_tokens=VERIFY_T - 1 if T > 1 else 0,
                   state_layout=state_layout)
-    fn, out = layer.step_fn(layer.inputs(T), committed=T == 1)
+    inp = layer.inputs(T)
+    if q_dtype is not None and "q" in inp:
+        inp["q"] = inp["q"].to(q_dtype)
+    fn, out = layer.step_fn(inp, committed=T == 1)
     setup = layer.set_staggered if fill is None else lambda: layer.set_fill(fill)
     setup()
     t = timed(fn)
@@ -145,7 +148,7 @@ def _time(spec, batch, read_format, T, fill, state_layout="kv"):
     return t, out.float()
 
 
-def sweep(name, batch, kinds, pick=None):
+def sweep(name, batch, kinds, pick=None, q_dtype=None):
     spec = MODEL_SPECS[name]
     fam = "mamba2" if spec.family == "mamba2" else "delta"
     table = ops.TILES["kda" if spec.family == "kda" else fam]   # KDA's entries override delta's
@@ -164,7 +167,7 @@ def sweep(name, batch, kinds, pick=None):
             table[kind] = tile
             try:
                 layout = "vk" if kind.endswith("_vk") else "kv"
-                times, ys = zip(*(_time(spec, batch, f, T, fill, layout) for _, f, T, fill in columns))
+                times, ys = zip(*(_time(spec, batch, f, T, fill, layout, q_dtype) for _, f, T, fill in columns))
                 diff = 0.0 if first is None else max((y - f).abs().max().item() for y, f in zip(ys, first))
                 first = ys if first is None else first
                 if amortized:
@@ -185,10 +188,13 @@ def main():
     ap.add_argument("--models", default="nemotron-h,qwen3.5,kimi-linear")
     ap.add_argument("--kinds", default="decode,decode_vk,read_fp8,read,verify,verify_read,flush,flush_replay")
     ap.add_argument("--pick", help="comma-separated candidate indices to time (Python indexing; default all)")
+    ap.add_argument("--q-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="GDN / KDA queries: bfloat16 as the peers take them (bench_decode), or float32 as the "
+                         "adapters pass them (L2-normalised in fp32)")
     args = ap.parse_args()
     pick = None if args.pick is None else [int(j) for j in args.pick.split(",")]
     for name in args.models.split(","):
-        sweep(name, args.batch, args.kinds.split(","), pick)
+        sweep(name, args.batch, args.kinds.split(","), pick, getattr(torch, args.q_dtype))
 
 
 if __name__ == "__main__":

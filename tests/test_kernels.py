@@ -17,7 +17,7 @@ from helpers import SPECS, TOL, Params, f64, make_inputs, rms_ratio, step_oracle
 from shapes import MODEL_SPECS
 
 from replayssm.kernels import ops
-from replayssm.kernels.formats.triton import READ_CODES, e2m1_encode, load_read_words, word_values
+from replayssm.kernels.formats.triton import READ_CODES, dot_fp32, e2m1_encode, load_read_words, word_values
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -35,6 +35,7 @@ CONFIGS = {
     "L8-d2-nvfp4-fp16sr": dict(window=8, max_draft_tokens=2, read_format="nvfp4", checkpoint_dtype="float16_sr"),
     "L4-d1-bf16": dict(window=4, max_draft_tokens=1, checkpoint_dtype="bfloat16", ring_dtype="bfloat16"),
     "L8-bf16ring": dict(window=8, ring_dtype="bfloat16"),  # fp32 checkpoint, 16-bit ring: as the adapters run
+    "L8-d3-bf16ring": dict(window=8, max_draft_tokens=3, ring_dtype="bfloat16"),  # verify on exact tf32 operands
 }
 
 
@@ -254,6 +255,55 @@ def test_e2m1_encode_matches_the_reference_ladder():
     out = torch.full((4096,), 255, dtype=torch.uint8, device=DEVICE)
     _e2m1_kernel[(1,)](x.to(DEVICE), out, N=4096)
     assert torch.equal(out.cpu(), rs.formats.e2m1_encode(x))
+
+
+def _is_tf32(x):
+    return (x.view(torch.int32) & 0x1FFF == 0).all().item()
+
+
+def test_read_copy_values_are_exact_tf32_operands():
+    """Before their row scale, read-copy values (an e2m1 or e4m3 code times an e4m3 block scale) have
+    at most 8 significant bits, so tf32 holds every one exactly: ``dot_fp32`` takes them in one pass."""
+    scales = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    scales = scales[torch.isfinite(scales)]
+    fp8 = scales                                                         # e4m3 codes: the same values
+    e2m1 = rs.formats.e2m1_decode(torch.arange(16))
+    for codes in (fp8, e2m1):
+        values = codes[:, None] * scales[None, :]
+        assert torch.isfinite(values).all() and _is_tf32(values)
+        assert not _is_tf32(values * 1.1)                                # the check can fail
+
+
+@triton.jit
+def _dot_fp32_kernel(a, b, acc, out, A_EXACT: tl.constexpr, B_EXACT: tl.constexpr, DOT: tl.constexpr):
+    o = tl.arange(0, 16)
+    tile = o[:, None] * 16 + o[None, :]
+    got = dot_fp32(tl.load(a + tile), tl.load(b + tile), tl.load(acc + tile), A_EXACT, B_EXACT, DOT)
+    tl.store(out + tile, got)
+
+
+@pytest.mark.parametrize("a_exact", [False, True])
+@pytest.mark.parametrize("b_exact", [False, True])
+def test_dot_fp32_is_fp32_accurate_with_fewer_passes_on_exact_operands(a_exact, b_exact):
+    """``dot_fp32`` at "tf32x3" keeps fp32 accuracy whichever operands are declared exact (and are:
+    bf16 values), and loses it when an inexact operand is declared exact (one tf32 rounding)."""
+    gen = torch.Generator().manual_seed(int(a_exact) * 2 + int(b_exact))
+
+    def operand(exact):
+        x = torch.randn(16, 16, generator=gen) * torch.logspace(-2, 2, 16)
+        return x.bfloat16().float() if exact else x
+
+    a, b, acc = operand(a_exact), operand(b_exact), torch.randn(16, 16, generator=gen)
+    want = acc.double() + a.double() @ b.double()
+
+    def run(ax, bx):
+        out = torch.full((16, 16), float("nan"), device=DEVICE)
+        _dot_fp32_kernel[(1,)](a.to(DEVICE), b.to(DEVICE), acc.to(DEVICE), out, A_EXACT=ax, B_EXACT=bx, DOT="tf32x3")
+        return (out.cpu().double() - want).norm().item() / want.norm().item()
+
+    assert run(a_exact, b_exact) < 2e-6
+    if not (a_exact and b_exact):
+        assert run(True, True) > 1e-5                                    # a false claim shows
 
 
 def test_padded_rows_and_owned_vk_checkpoint():

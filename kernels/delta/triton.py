@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, load_read_words,
-                                              round_checkpoint, store_read_copy, tf32_split, word_values)
+                                              dot_fp32, round_checkpoint, store_read_copy, tf32_split,
+                                              word_values)
 from replayssm.kernels.ring.triton import flush_row_block, flush_row_of_rank, program_ranks, row_route
 
 
@@ -510,6 +511,12 @@ def _delta_verify_kernel(
     rd = ring_d + ((sl * HV + h) * capacity) * V
     rbeta = ring_beta + (sl * HV + h) * capacity
     append_k = active & (pid_v == 0) & (h % (HV // HK) == 0)
+    # operands that tf32 holds exactly take fewer tensor-core passes (dot_fp32): 16-bit tokens and ring
+    # keys, read-copy values (a code times an e4m3 block scale) and a 16-bit checkpoint
+    K_EX: tl.constexpr = k.dtype.element_ty.primitive_bitwidth == 16
+    Q_EX: tl.constexpr = q.dtype.element_ty.primitive_bitwidth == 16
+    RK_EX: tl.constexpr = ring_k.dtype.element_ty.primitive_bitwidth == 16
+    S_EX: tl.constexpr = (READ_FMT != READ_CHECKPOINT) or ckpt.dtype.element_ty.primitive_bitwidth == 16
     if PER_CHANNEL:
         rg = ring_g + ((sl * HV + h) * capacity) * K
     else:
@@ -572,19 +579,19 @@ def _delta_verify_kernel(
                 gam_T = tl.cumsum(gT, axis=1)                                                 # [NWP, TT] after gc
                 f_t = tl.exp(gam_T)                                                           # <= 1
                 kh_s = kh * tl.exp(gc[None, :] - tl.cumsum(gh, axis=0))                       # <= 1 factors
-                U += tl.dot(S0, kT * (f_t * tl.exp(gc)[:, None]), input_precision=DOT)
-                R += tl.dot(S0, qT * (f_t * tl.exp(gc)[:, None]), input_precision=DOT)
+                U = dot_fp32(S0, kT * (f_t * tl.exp(gc)[:, None]), U, S_EX, False, DOT)
+                R = dot_fp32(S0, qT * (f_t * tl.exp(gc)[:, None]), R, S_EX, False, DOT)
                 HK_ += tl.dot(kh_s, kT * f_t, input_precision=DOT)
                 HQ += tl.dot(kh_s, qT * f_t, input_precision=DOT)
                 tl.store(rg + tpos[None, :] * K + okc[:, None], gT, mask=tw & active & (pid_v == 0))
             else:
                 kS = tl.trans(kT)                                                             # [TT, NWP]
-                U += tl.dot(S0, kT, input_precision=DOT)
-                R += tl.dot(S0, qT, input_precision=DOT)
-                HK_ += tl.dot(kh, kT, input_precision=DOT)
-                HQ += tl.dot(kh, qT, input_precision=DOT)
-                NK += tl.dot(kS, kT, input_precision=DOT)
-                NQ += tl.dot(kS, qT, input_precision=DOT)
+                U = dot_fp32(S0, kT, U, S_EX, K_EX, DOT)
+                R = dot_fp32(S0, qT, R, S_EX, Q_EX, DOT)
+                HK_ = dot_fp32(kh, kT, HK_, RK_EX, K_EX, DOT)
+                HQ = dot_fp32(kh, qT, HQ, RK_EX, Q_EX, DOT)
+                NK = dot_fp32(kS, kT, NK, K_EX, K_EX, DOT)
+                NQ = dot_fp32(kS, qT, NQ, K_EX, Q_EX, DOT)
             tl.store(rk + tpos[None, :] * K + okc[:, None], k_raw, mask=tw & append_k)
     if READ_FMT != READ_CHECKPOINT:
         rsc = tl.load(rc_rs + head + ov, mask=vmask, other=0.0)[:, None]

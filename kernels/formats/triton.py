@@ -68,6 +68,28 @@ def tf32_split(x):
 
 
 @triton.jit
+def dot_fp32(a, b, acc, A_EXACT: tl.constexpr, B_EXACT: tl.constexpr, DOT: tl.constexpr):
+    """``acc + a b`` for fp32 ``a [M, K]``, ``b [K, N]``, ``acc [M, N]`` at precision ``DOT``.
+
+    With ``DOT = "tf32x3"`` (fp32-accurate on tensor cores), operands that tf32 holds exactly
+    (``A_EXACT`` / ``B_EXACT``: 16-bit values, read-copy values) take fewer passes: both exact, one
+    tf32 product; one exact, two over the other's :func:`tf32_split`; neither, ``tf32x3``'s three.
+    Other precisions ("ieee", "tf32") pass through."""
+    if DOT != "tf32x3":
+        return tl.dot(a, b, acc=acc, input_precision=DOT)
+    elif A_EXACT and B_EXACT:
+        return tl.dot(a, b, acc=acc, input_precision="tf32")
+    elif A_EXACT:
+        b_hi, b_lo = tf32_split(b)
+        return tl.dot(a, b_lo, acc=tl.dot(a, b_hi, acc=acc, input_precision="tf32"), input_precision="tf32")
+    elif B_EXACT:
+        a_hi, a_lo = tf32_split(a)
+        return tl.dot(a_lo, b, acc=tl.dot(a_hi, b, acc=acc, input_precision="tf32"), input_precision="tf32")
+    else:
+        return tl.dot(a, b, acc=acc, input_precision="tf32x3")
+
+
+@triton.jit
 def bf16_round(x):
     """fp32 -> bf16, nearest-even, with integer arithmetic (every target rounds alike)."""
     b = x.to(tl.uint32, bitcast=True)

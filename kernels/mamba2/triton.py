@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, load_read_words,
+from replayssm.kernels.formats.triton import (READ_CHECKPOINT, dot_fp32, load_read_copy, load_read_words,
                                               round_checkpoint, store_read_chunk, store_read_rows_scale,
                                               tf32_split, word_values)
 from replayssm.kernels.ring.triton import flush_row_block, flush_row_of_rank, program_ranks, row_route
@@ -375,6 +375,14 @@ def _mamba2_verify_kernel(
     rx = ring_x + ((sl * H + h) * capacity) * P
     rdt = ring_dt + (sl * H + h) * capacity
     append_B = active & (pid_p == 0) & (h % (H // G) == 0)
+    # operands that tf32 holds exactly take fewer tensor-core passes (dot_fp32): 16-bit tokens and ring
+    # entries, read-copy values (a code times an e4m3 block scale) and a 16-bit checkpoint
+    C_EX: tl.constexpr = C.dtype.element_ty.primitive_bitwidth == 16
+    B_EX: tl.constexpr = (B.dtype.element_ty.primitive_bitwidth == 16
+                          and ring_B.dtype.element_ty.primitive_bitwidth == 16)
+    X_EX: tl.constexpr = (x.dtype.element_ty.primitive_bitwidth == 16
+                          and ring_x.dtype.element_ty.primitive_bitwidth == 16)
+    S_EX: tl.constexpr = (READ_FMT != READ_CHECKPOINT) or ckpt.dtype.element_ty.primitive_bitwidth == 16
     # window dt (history from the ring, then the tokens) and x, transposed [BP, BM]
     dt_new = tl.load(dt + i * dt_r + tok_e * dt_t + h, mask=new, other=0.0).to(tl.float32)
     if HAS_DT_BIAS:
@@ -404,8 +412,8 @@ def _mamba2_verify_kernel(
             val = word_values(tile, w, READ_FMT)
             if READ_FMT != READ_CHECKPOINT:
                 val = val * bscale
-            sc += tl.dot(val, Ct, input_precision=DOT)
-            bc += tl.dot(Bw.to(tl.float32), Ct, input_precision=DOT)
+            sc = dot_fp32(val, Ct, sc, S_EX, C_EX, DOT)
+            bc = dot_fp32(Bw.to(tl.float32), Ct, bc, B_EX, C_EX, DOT)
             Bt = tl.load(B + i * b_r + tt[:, None] * b_t + g * b_g + on[None, :],
                          mask=tmask[:, None] & wmask[None, :], other=0.0)
             tl.store(rB + tpos[:, None] * N + on[None, :], Bt, mask=tmask[:, None] & wmask[None, :] & append_B)
@@ -418,7 +426,7 @@ def _mamba2_verify_kernel(
     lam_t = tl.sum(tl.where(e[:, None] == jt[None, :], lam[:, None], 0.0), axis=0)          # [TT]
     W = tl.where(e[:, None] <= jt[None, :],
                  tl.exp(tl.minimum(lam_t[None, :] - lam[:, None], 0.0)) * dtp[:, None] * bc, 0.0)  # [BM, TT]
-    y = tl.exp(lam_t)[None, :] * sc + tl.dot(xw.to(tl.float32), W, input_precision=DOT)    # [BP, TT]
+    y = dot_fp32(xw.to(tl.float32), W, tl.exp(lam_t)[None, :] * sc, X_EX, False, DOT)       # [BP, TT]
     io = pmask[:, None] & tmask[None, :]
     x_tok = tl.load(x + i * x_r + tt[None, :] * x_t + h * x_h + op[:, None], mask=io, other=0.0)
     if HAS_D:
