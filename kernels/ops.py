@@ -60,15 +60,17 @@ _compiled: set = set()
 # 190.6 / 616.6 / 251.7 (1: 284.9 staggered); [S, HV, V, K] Qwen3.5 1: 167.1 / 459.0 / 194.8 against 167.4 /
 # 472.1 / 196.1. Verify tiles (2026-11-30, batch 256, T = 8, checkpoint / behind NVFP4, us): Mamba-2 64 rows / 1 warp
 # 728.3 (32 / 2 was 1116.6), NVFP4 64 / 2 1423.7 (1813.1); GDN Qwen3.5 128 / 2 414.1 (32 / 2: 653.0), NVFP4 64 / 2
-# 736.2 (938.6); KDA 128 / 2 1028.0 (64 / 4: 2191.2), NVFP4 128 / 4 1460.7 (2345.0). fp8 verify takes verify_read
-# untimed.
+# 736.2 (938.6); KDA 128 / 2 1028.0 (64 / 4: 2191.2), NVFP4 128 / 4 1460.7 (2345.0). With dot_fp32's fewer tf32
+# passes (2026-11-30, same shapes, bf16 q): Mamba-2 64 / 1 516.2, NVFP4 64 / 1 934.9 (64 / 2: 1002.6); GDN 128 / 2
+# 285.4, NVFP4 128 / 2 378.0 (64 / 2: 423.3); KDA 128 / 2 1035.3, NVFP4 128 / 4 1320.5. fp8 verify takes
+# verify_read untimed.
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False, fold_chunk=16, dot="tf32x3"),
                "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
                "read": dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
                "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=16),
                "verify": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
-               "verify_read": dict(rows=64, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+               "verify_read": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
                "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", row_programs=16)},
     "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=1,
                              dot="tf32x3"),
@@ -80,7 +82,7 @@ TILES = {
               "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
               "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3", row_programs=4),
               "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-              "verify_read": dict(rows=64, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+              "verify_read": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
               "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3", row_programs=16)},
     "kda": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=3,
                            dot="tf32x3"),
