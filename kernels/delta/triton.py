@@ -480,8 +480,9 @@ def _delta_verify_kernel(
 ):
     """Non-flush verify rows (T > 1, ``TT`` = T padded to 16), arguments as ``_delta_flush_kernel``.
 
-    One pass over the state (or read copy) in ``NC``-channel chunks builds, with ``tl.dot`` at
-    precision ``DOT`` ("ieee" fp32 or "tf32x3", fp32-accurate on tensor cores):
+    One pass over the state (or read copy) in ``NC``-channel chunks builds, with ``dot_fp32`` at
+    precision ``DOT`` ("ieee" fp32 or "tf32x3", fp32-accurate on tensor cores, in fewer passes on
+    operands that tf32 holds exactly):
     ``U = S0ᵀ(e^{Γ_t} ⊙ k_t)``, ``R = S0ᵀ(e^{Γ_t} ⊙ q_t)`` ``[BV, TT]``, the decayed key
     products of history entries with the tokens ``[BM, TT]`` and of tokens with tokens ``[TT, TT]``.
     Then the tokens' d solve forward (``d_t = β_t (v_t - U_t - Σ_e c_et d_e)``, T steps on

@@ -348,8 +348,9 @@ def _mamba2_verify_kernel(
     """Non-flush verify rows (T > 1, ``TT`` = T padded to 16), arguments as ``_mamba2_flush_kernel``.
 
     The state (or read copy) is streamed once, in ``NC``-column chunks, into two small products:
-    ``S0 C [BP, TT]`` and the window's ``B_e . C_t [BM, TT]`` (``tl.dot`` at precision ``DOT``:
-    "ieee" fp32 or "tf32x3", three tf32 products, fp32-accurate on tensor cores); then
+    ``S0 C [BP, TT]`` and the window's ``B_e . C_t [BM, TT]`` (``dot_fp32`` at precision ``DOT``:
+    "ieee" fp32 or "tf32x3", fp32-accurate on tensor cores, in fewer tf32 passes on operands that
+    tf32 holds exactly); then
     ``y = e^{lam_t} S0 C_t + X W`` with ``W[e, t] = e^{lam_t - lam_e} dt'_e (B_e . C_t)`` for
     ``e <= t``. Writes outputs and ring entries only; flush rows are left to the flush pass."""
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
