@@ -23,9 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm.kernels.formats.triton import (READ_CHECKPOINT, load_read_copy, load_read_words,
-                                              dot_fp32, round_checkpoint, store_read_copy, tf32_split,
-                                              word_values)
+from replayssm.kernels.formats.triton import (READ_CHECKPOINT, dot_fp32, load_read_copy, load_read_words,
+                                              round_checkpoint, store_read_copy, word_values)
 from replayssm.kernels.ring.triton import flush_row_block, flush_row_of_rank, program_ranks, row_route
 
 
@@ -214,12 +213,11 @@ def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top
     ``g_tok``, ``d_t``), rounded and stored. A scalar gate arrives as ``dec = e^{Γ - Γ_j}`` and
     ``top = e^{Γ}``; per-channel gates are re-read from the ring chunk by chunk."""
     jc = tl.arange(0, NF)
-    # A scalar gate over 16-bit ring keys: the decay moves onto D, the keys are exact tf32 operands, and
-    # D splits once into a tf32 head and a remainder rounded to tf32: two tf32 products per piece carry
-    # tf32x3's precision, against three (and two operand splits) per piece
+    # A scalar gate over 16-bit ring keys: the decay moves onto D and the keys are exact tf32 operands, two
+    # tf32 products per piece (dot_fp32) against tf32x3's three
     SPLIT_D: tl.constexpr = (not PER_CHANNEL) and DOT == "tf32x3" and rk.dtype.element_ty.primitive_bitwidth == 16
     if SPLIT_D:
-        dd_hi, dd_lo = tf32_split(d_h * dec[:, None])                                             # [BM, BV]
+        dd = d_h * dec[:, None]                                                                   # [BM, BV]
     for c in tl.range(0, K // NF, num_stages=STAGES):
         okc = c * NF + jc
         ptr = ck + okc[:, None] * c_k + ov[None, :] * c_v
@@ -233,8 +231,7 @@ def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top
             s = s0 * tl.exp(gt_c)[:, None]
             s = tl.dot(tl.trans(w), d_h, acc=s, input_precision=DOT)
         elif SPLIT_D:
-            s = tl.dot(tl.trans(kh), dd_hi, acc=s0 * top, input_precision="tf32")
-            s = tl.dot(tl.trans(kh), dd_lo, acc=s, input_precision="tf32")
+            s = dot_fp32(tl.trans(kh), dd, s0 * top, True, False, DOT)
         else:
             s = tl.dot(tl.trans(kh * dec[:, None]), d_h, acc=s0 * top, input_precision=DOT)
         s += kc[:, None] * d_t[None, :]

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, dot_fp32, load_read_copy, load_read_words,
                                               round_checkpoint, store_read_chunk, store_read_rows_scale,
-                                              tf32_split, word_values)
+                                              word_values)
 from replayssm.kernels.ring.triton import flush_row_block, flush_row_of_rank, program_ranks, row_route
 
 
@@ -301,12 +301,9 @@ def _mamba2_decode_kernel(
             decay = tl.exp(lam_t)
             ep = tl.load(epoch_ptr + sl)
             jf = tl.arange(0, NF)
-            # 16-bit ring and token B are exact tf32 operands: the weighted x splits once into a tf32 head
-            # and a remainder rounded to tf32, two tf32 products per piece with tf32x3's precision
-            SPLIT_X: tl.constexpr = DOT == "tf32x3" and rB.dtype.element_ty.primitive_bitwidth == 16 \
-                and B.dtype.element_ty.primitive_bitwidth == 16
-            if SPLIT_X:
-                xs_hi, xs_lo = tf32_split(xs)
+            # 16-bit ring and token B are exact tf32 operands: two tf32 products per piece (dot_fp32)
+            B_EX: tl.constexpr = (rB.dtype.element_ty.primitive_bitwidth == 16
+                                  and B.dtype.element_ty.primitive_bitwidth == 16)
             for c in tl.range(0, N // NF, num_stages=FST):
                 on = c * NF + jf
                 ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
@@ -314,11 +311,7 @@ def _mamba2_decode_kernel(
                 B_w = tl.where((e == count)[:, None], tl.load(B + i * b_r + g * b_g + on).to(tl.float32)[None, :],
                                tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None],
                                        other=0.0).to(tl.float32))                                      # [BM, NF]
-                if SPLIT_X:
-                    S_F = tl.dot(xs_hi, B_w, acc=decay * S0, input_precision="tf32")
-                    S_F = tl.dot(xs_lo, B_w, acc=S_F, input_precision="tf32")
-                else:
-                    S_F = tl.dot(xs, B_w, acc=decay * S0, input_precision=DOT)
+                S_F = dot_fp32(xs, B_w, decay * S0, False, B_EX, DOT)
                 tl.store(ck, round_checkpoint(S_F, h * (P * N) + op[:, None] * N + on[None, :], sr_base, ep,
                                               CKPT_FMT), mask=pmask[:, None])
 
