@@ -370,15 +370,14 @@ def bench_verify(name, spec, batch, peers):
         inp = layer.inputs(T)
         fn, _ = layer.step_fn(inp, committed=False)
         layer.set_fill(WINDOW - 1 - T)
-        t = timed(fn)
-        record(name, batch, f"ours verify T={T} (no flush)", t,
-               batch * (S + (WINDOW - 1 - T) * ring + T * ring + bytes_io(spec, T)), T=T)
+        nbytes = batch * (S + (WINDOW - 1 - T) * ring + T * ring + bytes_io(spec, T))
+        record(name, batch, f"ours verify T={T} (no flush)", timed(fn), nbytes, T=T)
         if spec.family != "mamba2" and T == 8:
             # the adapters pass the queries L2-normalised in fp32, where a bf16 query is an exact tf32 operand
             fn, _ = layer.step_fn(dict(inp, q=inp["q"].float()), committed=False)
             layer.set_fill(WINDOW - 1 - T)
-            record(name, batch, f"ours verify T={T} (no flush, q fp32 as the adapters pass it)", timed(fn),
-                   batch * (S + (WINDOW - 1 - T) * ring + T * ring + bytes_io(spec, T)), T=T)
+            record(name, batch, f"ours verify T={T} (no flush, q fp32 as the adapters pass it)", timed(fn), nbytes,
+                   T=T)
         st = layer.state0
         del layer
         if spec.family == "mamba2":

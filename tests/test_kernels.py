@@ -258,7 +258,7 @@ def test_e2m1_encode_matches_the_reference_ladder():
 
 
 def _is_tf32(x):
-    return (x.view(torch.int32) & 0x1FFF == 0).all().item()
+    return ((x.view(torch.int32) & 0x1FFF) == 0).all().item()
 
 
 def test_read_copy_values_are_exact_tf32_operands():

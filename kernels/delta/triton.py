@@ -213,10 +213,10 @@ def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top
     ``g_tok``, ``d_t``), rounded and stored. A scalar gate arrives as ``dec = e^{Γ - Γ_j}`` and
     ``top = e^{Γ}``; per-channel gates are re-read from the ring chunk by chunk."""
     jc = tl.arange(0, NF)
-    # A scalar gate over 16-bit ring keys: the decay moves onto D and the keys are exact tf32 operands, two
-    # tf32 products per piece (dot_fp32) against tf32x3's three
-    SPLIT_D: tl.constexpr = (not PER_CHANNEL) and DOT == "tf32x3" and rk.dtype.element_ty.primitive_bitwidth == 16
-    if SPLIT_D:
+    # A scalar gate over 16-bit ring keys: the decay moves onto D, so that the keys are exact tf32 operands
+    # (dot_fp32: two tf32 products per piece against tf32x3's three)
+    DECAY_ON_D: tl.constexpr = (not PER_CHANNEL) and rk.dtype.element_ty.primitive_bitwidth == 16
+    if DECAY_ON_D:
         dd = d_h * dec[:, None]                                                                   # [BM, BV]
     for c in tl.range(0, K // NF, num_stages=STAGES):
         okc = c * NF + jc
@@ -230,7 +230,7 @@ def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top
             w = tl.where(hist[:, None], tl.exp(tl.minimum(gt_c[None, :] - tl.cumsum(g_hc, axis=0), 0.0)), 0.0) * kh
             s = s0 * tl.exp(gt_c)[:, None]
             s = tl.dot(tl.trans(w), d_h, acc=s, input_precision=DOT)
-        elif SPLIT_D:
+        elif DECAY_ON_D:
             s = dot_fp32(tl.trans(kh), dd, s0 * top, True, False, DOT)
         else:
             s = tl.dot(tl.trans(kh * dec[:, None]), d_h, acc=s0 * top, input_precision=DOT)
