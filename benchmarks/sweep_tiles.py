@@ -3,7 +3,7 @@
     python benchmarks/sweep_tiles.py [--batch 256] [--models nemotron-h,qwen3.5,kimi-linear]
                                      [--kinds decode,decode_vk,read_fp8,read,verify,verify_read,flush,
                                               flush_replay]
-                                     [--pick 0,-1] [--q-dtype bfloat16|float32]
+                                     [--pick 0,-1] [--q-dtype bfloat16|float32] [--verify-tokens 2,4,8]
 
 Per model and kind, each candidate's step time, and the largest output difference from the first
 candidate (the candidates must agree):
@@ -12,8 +12,9 @@ candidate (the candidates must agree):
   same on a [S, HV, V, K] checkpoint, the layout the SGLang and TRT-LLM adapters bind;
 - read_fp8, read: the non-flush step over an fp8 / NVFP4 read copy (read_fp8 tries the decode
   candidates);
-- verify, verify_read: a T = 8 verify without flush (w = 16 - 1 - 8), ring sized for 8 tokens, on the
-  checkpoint / behind an NVFP4 read copy (verify_read tries the verify candidates);
+- verify, verify_read: a T = 8 verify (a column per T of --verify-tokens) without flush (w = 16 - 1 - 8),
+  ring sized for 8 tokens, on the checkpoint / behind an NVFP4 read copy (verify_read tries the
+  verify candidates);
 - flush (Mamba-2): the non-flush and the flush step behind an NVFP4 read copy, and their amortized
   step (the flush pass is launched at every step; on the checkpoint the decode step's flush is the
   decode launch's fold: the decode kinds; this tile also serves the flush-only launch);
@@ -119,6 +120,9 @@ for _kind in ("decode", "decode_vk"):
     CANDIDATES["delta"][_kind] += ([dict(ops.TILES["delta"][_kind], fold_stages=fs) for fs in (1, 3, 4)]
                                    + [dict(ops.TILES["delta"][_kind], fold_chunk=32, fold_stages=3)])
 CANDIDATES["mamba2"]["decode"] += [dict(ops.TILES["mamba2"]["decode"], fold_stages=fs) for fs in (1, 2, 4)]
+# the verify's least padded token count (tokens; T pads to a power of two, at least this), on the chosen tiles
+for _fam in ("mamba2", "delta"):
+    CANDIDATES[_fam]["verify"] += [dict(ops.TILES[_fam]["verify"], tokens=n) for n in (2, 8, 16)]
 CANDIDATES["delta"]["decode_vk"] += [dict(ops.TILES["kda"]["decode_vk"], fold_stages=fs) for fs in (4, 1, 2, 3)]
 # kind -> [(column, read format, tokens, fill)]; the _vk kinds run on a [S, HV, V, K] checkpoint (the
 # SGLang / TRT-LLM adapters' layout). The amortized column is (15 x w=7 + flush) / 16; a fill of None is
@@ -188,11 +192,19 @@ def main():
     ap.add_argument("--models", default="nemotron-h,qwen3.5,kimi-linear")
     ap.add_argument("--kinds", default="decode,decode_vk,read_fp8,read,verify,verify_read,flush,flush_replay")
     ap.add_argument("--pick", help="comma-separated candidate indices to time (Python indexing; default all)")
+    ap.add_argument("--verify-tokens", default=str(VERIFY_T),
+                    help="comma-separated T of the verify kinds (each a column; the history holds 16 - 1 - 8 "
+                         "entries and the ring is sized for 8 tokens whatever T)")
     ap.add_argument("--q-dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="GDN / KDA queries: bfloat16 as the peers take them (bench_decode), or float32 as the "
                          "adapters pass them (L2-normalised in fp32)")
     args = ap.parse_args()
     pick = None if args.pick is None else [int(j) for j in args.pick.split(",")]
+    tokens = [int(t) for t in args.verify_tokens.split(",")]
+    if not all(2 <= t <= VERIFY_T for t in tokens):
+        ap.error(f"--verify-tokens: expected token counts in 2..{VERIFY_T}, got {args.verify_tokens!r}")
+    for kind, fmt in (("verify", "checkpoint"), ("verify_read", "nvfp4")):
+        SETUPS[kind] = [(f"{fmt} T={t}", fmt, t, WINDOW - 1 - VERIFY_T) for t in tokens]
     for name in args.models.split(","):
         sweep(name, args.batch, args.kinds.split(","), pick, getattr(torch, args.q_dtype))
 

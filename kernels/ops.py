@@ -63,7 +63,11 @@ _compiled: set = set()
 # 736.2 (938.6); KDA 128 / 2 1028.0 (64 / 4: 2191.2), NVFP4 128 / 4 1460.7 (2345.0). With dot_fp32's fewer tf32
 # passes (2026-11-30, same shapes, bf16 q): Mamba-2 64 / 1 516.2, NVFP4 64 / 1 934.9 (64 / 2: 1002.6); GDN 128 / 2
 # 285.4, NVFP4 128 / 2 378.0 (64 / 2: 423.3); KDA 128 / 2 1035.3, NVFP4 128 / 4 1320.5. fp8 verify takes
-# verify_read untimed.
+# verify_read untimed. A verify pads its T tokens to a power of two, at least `tokens` (default 2): 2026-11-30,
+# batch 256, T = 2 / 4 / 8 (checkpoint, us), at least 2 against at least 8 (16 before): Mamba-2 364.8 / 381.0 /
+# 413.9 against 389.7 / 401.4 / 414.4 (498.7 at T = 2, 516.7 at 8); KDA 434.3 / 566.7 / 657.3 against 592.6 /
+# 628.4 / 657.5 (920.6, 1029.6); GDN 250.3 / 223.9 / 257.6 against 210.6 / 228.6 / 257.8 (238.9, 286.0), so GDN's
+# checkpoint verify takes 8 (behind NVFP4, 210.7 against 214.2 at T = 2).
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False, fold_chunk=16, dot="tf32x3"),
                "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
@@ -81,7 +85,7 @@ TILES = {
               "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", row_programs=16),
               "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
               "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3", row_programs=4),
-              "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+              "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3", tokens=8),
               "verify_read": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
               "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3", row_programs=16)},
     "kda": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=3,
@@ -121,7 +125,8 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
         tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True,
                     FST=fold.get("fold_stages", fold["stages"]))
         return _blocks([(kernels[0], tile, False)], rows, const)
-    tt = max(16, triton.next_power_of_2(T)) if T != 1 else 1
+    ver = tiles["verify" if const["READ_FMT"] == 0 else "verify_read"]
+    tt = max(ver.get("tokens", 2), triton.next_power_of_2(T)) if T != 1 else 1   # the verify's padded tokens
     replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
     flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush"]
     flush = dict(flush, RP=flush["row_programs"], RB=FLUSH_SCAN_ROWS)
@@ -131,7 +136,6 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
         plan = []
     elif T > 1:
         pw = _PER_WORD_VERIFY[const["READ_FMT"]]
-        ver = tiles["verify" if const["READ_FMT"] == 0 else "verify_read"]
         nc = min(cols, max(ver["chunk"], 16 * pw))
         plan = [(kernels[1], dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=tt), False)]
     else:

@@ -475,7 +475,8 @@ def _delta_verify_kernel(
     STAGES: tl.constexpr, TT: tl.constexpr,
     DOT: tl.constexpr,
 ):
-    """Non-flush verify rows (T > 1, ``TT`` = T padded to 16), arguments as ``_delta_flush_kernel``.
+    """Non-flush verify rows (T > 1; ``TT``: T padded to a power of two, at least the tile's ``tokens``),
+    arguments as ``_delta_flush_kernel``.
 
     One pass over the state (or read copy) in ``NC``-channel chunks builds, with ``dot_fp32`` at
     precision ``DOT`` ("ieee" fp32 or "tf32x3", fp32-accurate on tensor cores, in fewer passes on
@@ -612,13 +613,17 @@ def _delta_verify_kernel(
     Ub = v_raw.to(tl.float32) - U - tl.dot(d_h, HK_, input_precision=DOT)
     NK = tl.where(tt[:, None] < tt[None, :], NK, 0.0)                                       # strictly earlier
     Dt = tl.zeros([BV, TT], dtype=tl.float32)
+    O = R + tl.dot(d_h, HQ, input_precision=DOT)
     for t in tl.static_range(T):
         col = (tt == t)[None, :]
         nk_t = tl.sum(tl.where(col, NK, 0.0), axis=1)                                       # [TT] over s
         u_t = tl.sum(tl.where(col, Ub, 0.0), axis=1) - tl.sum(Dt * nk_t[None, :], axis=1)
         b_t = tl.sum(tl.where(tt == t, bt, 0.0), axis=0)
-        Dt = tl.where(col, (b_t * u_t)[:, None], Dt)
-    O = scale * (R + tl.dot(d_h, HQ, input_precision=DOT) + tl.dot(Dt, NQ, input_precision=DOT))
+        d_t = b_t * u_t                                                                     # [BV]
+        Dt = tl.where(col, d_t[:, None], Dt)
+        # token t's term in every output (no tl.dot over TT: its K dimension would be T padded)
+        O += d_t[:, None] * tl.sum(tl.where((tt == t)[:, None], NQ, 0.0), axis=0)[None, :]
+    O *= scale
     tl.store(out + i * o_r + tt[None, :] * o_t + h * o_h + ov[:, None], tl.where(valid, O, 0.0).to(out.dtype.element_ty),
              mask=io & (active | ~valid))
     tl.store(rd + tpos[None, :] * V + ov[:, None], Dt, mask=io & active)

@@ -56,7 +56,7 @@ def _mamba2_flush_kernel(
     ``tl.dot`` at precision ``DOT``) is stored at once and read by the tokens' ``C`` (decode: the
     token is entry F, so ``y = S_F C + D x``; verify: ``y_t = e^{lam_t - lam_F} S_F C_t +`` the
     tokens after F, as the verify kernel). The read copy is re-derived from the stored chunks in a
-    second pass once the row maxima are known. ``TT``: T padded to 16 (verify only).
+    second pass once the row maxima are known. ``TT``: T padded as the verify's (verify only).
 
     Grid ``(P / BP, H, RP)``: program ``rp`` of a (P-tile, head) takes the step's flush rows of
     rank ``rp``, ``rp + RP``, ... (ranks in row order, found by scanning the cursors in ``RB``-row
@@ -338,7 +338,8 @@ def _mamba2_verify_kernel(
     RC_PW: tl.constexpr, NC: tl.constexpr, NWP: tl.constexpr, STAGES: tl.constexpr, TT: tl.constexpr,
     DOT: tl.constexpr,
 ):
-    """Non-flush verify rows (T > 1, ``TT`` = T padded to 16), arguments as ``_mamba2_flush_kernel``.
+    """Non-flush verify rows (T > 1; ``TT``: T padded to a power of two, at least the tile's ``tokens``),
+    arguments as ``_mamba2_flush_kernel``.
 
     The state (or read copy) is streamed once, in ``NC``-column chunks, into two small products:
     ``S0 C [BP, TT]`` and the window's ``B_e . C_t [BM, TT]`` (``dot_fp32`` at precision ``DOT``:
