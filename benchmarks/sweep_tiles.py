@@ -122,16 +122,23 @@ for _kind in ("decode", "decode_vk"):
 CANDIDATES["mamba2"]["decode"] += [dict(ops.TILES["mamba2"]["decode"], fold_stages=fs) for fs in (1, 2, 4)]
 # the verify's least padded token count (tokens; T pads to a power of two, at least this), on the chosen tiles
 for _fam in ("mamba2", "delta"):
-    CANDIDATES[_fam]["verify"] += [dict(ops.TILES[_fam]["verify"], tokens=n) for n in (2, 8, 16)]
+    _tile = ops.TILES[_fam]["verify"]
+    CANDIDATES[_fam]["verify"] += [dict(_tile, tokens=n) for n in (2, 8, 16) if n != _tile.get("tokens", 2)]
 CANDIDATES["delta"]["decode_vk"] += [dict(ops.TILES["kda"]["decode_vk"], fold_stages=fs) for fs in (4, 1, 2, 3)]
 # kind -> [(column, read format, tokens, fill)]; the _vk kinds run on a [S, HV, V, K] checkpoint (the
 # SGLang / TRT-LLM adapters' layout). The amortized column is (15 x w=7 + flush) / 16; a fill of None is
 # the staggered step (row r holds r mod 16 entries: 1/16 of the rows flush, the serving steady state).
 _DECODE = [("w=7", "checkpoint", 1, 7), ("flush", "checkpoint", 1, WINDOW - 1), ("staggered", "checkpoint", 1, None)]
+
+
+def verify_setups(tokens=(VERIFY_T,)) -> dict:
+    """The verify kinds' columns: a verify of each T in ``tokens`` over the same 16 - 1 - 8 history entries."""
+    return {kind: [(f"{fmt} T={t}", fmt, t, WINDOW - 1 - VERIFY_T) for t in tokens]
+            for kind, fmt in (("verify", "checkpoint"), ("verify_read", "nvfp4"))}
+
+
 SETUPS = {"decode": _DECODE, "decode_vk": _DECODE, "read_fp8": [("w=7", "fp8", 1, 7)],
-          "read": [("w=7", "nvfp4", 1, 7)],
-          "verify": [("checkpoint", "checkpoint", VERIFY_T, WINDOW - 1 - VERIFY_T)],
-          "verify_read": [("nvfp4", "nvfp4", VERIFY_T, WINDOW - 1 - VERIFY_T)],
+          "read": [("w=7", "nvfp4", 1, 7)], **verify_setups(),
           "flush": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1), ("staggered", "nvfp4", 1, None)],
           "flush_replay": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1),
                            ("staggered", "nvfp4", 1, None)]}
@@ -203,8 +210,7 @@ def main():
     tokens = [int(t) for t in args.verify_tokens.split(",")]
     if not all(2 <= t <= VERIFY_T for t in tokens):
         ap.error(f"--verify-tokens: expected token counts in 2..{VERIFY_T}, got {args.verify_tokens!r}")
-    for kind, fmt in (("verify", "checkpoint"), ("verify_read", "nvfp4")):
-        SETUPS[kind] = [(f"{fmt} T={t}", fmt, t, WINDOW - 1 - VERIFY_T) for t in tokens]
+    SETUPS.update(verify_setups(tokens))
     for name in args.models.split(","):
         sweep(name, args.batch, args.kinds.split(","), pick, getattr(torch, args.q_dtype))
 

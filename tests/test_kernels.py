@@ -32,6 +32,7 @@ CONFIGS = {
     "L17": dict(window=17),                       # a flush folds 16 entries: a full delta block
     "L4-d16": dict(window=4, max_draft_tokens=16),  # a ring of 34: delta blocks of 32, verify TT 16
     "L4-d3-fp8": dict(window=4, max_draft_tokens=3, read_format="fp8"),
+    # T = 3: a verify with a padded token lane (TT 4); the d1 / d3 / d7 configs verify T = 2 to 8 at TT 2 to 8
     "L8-d2-nvfp4-fp16sr": dict(window=8, max_draft_tokens=2, read_format="nvfp4", checkpoint_dtype="float16_sr"),
     "L4-d1-bf16": dict(window=4, max_draft_tokens=1, checkpoint_dtype="bfloat16", ring_dtype="bfloat16"),
     "L8-bf16ring": dict(window=8, ring_dtype="bfloat16"),  # fp32 checkpoint, 16-bit ring: as the adapters run
