@@ -106,7 +106,10 @@ CANDIDATES = {
                    dict(rows=128, num_warps=4, chunk=64, stages=2, dot="tf32x3"),
                    dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3")],
         "flush_replay": [dict(rows=32, num_warps=2, stages=2, dot="tf32x3", row_programs=r) for r in (4, 16, 64, 256)]
-                        + [dict(rows=64, num_warps=4, stages=2, dot="tf32x3", row_programs=16)],
+                        + [dict(rows=64, num_warps=4, stages=2, dot="tf32x3", row_programs=16)]
+                        # one warp: the replay's per-entry reduction over K stays within the warp (no shared memory)
+                        + [dict(rows=r, num_warps=1, stages=2, dot="tf32x3", row_programs=rp)
+                           for r, rp in ((32, 4), (16, 4), (16, 16), (8, 4), (8, 16))],
     },
 }
 # the decode tiles also fold the flush rows (fold_chunk, dot): candidates without spills by ptxas (sm_90a), and

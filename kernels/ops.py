@@ -54,7 +54,10 @@ _compiled: set = set()
 # 16: 216.6 / 1497.6 / 303.0 (one program per head and row was 249.4 / 1192.3 / 311.8); GDN 4: 142.4 /
 # 1358.2 / 222.8 (was 163.9 / 1030.3 / 227.7). A flush body inside the row loop is slower than one
 # program's single row (1447 / 1390 us at row_programs 256); decode tiles fold (fold=False, the flush
-# pass instead, was slower on every model). Untimed tiles take 16. The delta fold stream's own pipeline depth
+# pass instead, was slower on every model). Untimed tiles take 16. The GDN / KDA replay behind a read copy
+# on one warp (2026-12-01, NVFP4, w=7 / flush / staggered us): 16 value rows 143.2 / 1003.8 / 200.6 (Qwen3.5),
+# 161.8 / 1274.8 / 236.1 (Kimi-Linear) against 142.5 / 1356.3 / 222.8 and 161.9 / 1698.3 / 261.1 at 32 rows on
+# two warps (each entry's reduction over K stays within the warp); 32 rows on one warp 2000.0 flush, 8 rows 1662.2. The delta fold stream's own pipeline depth
 # (2026-11-30, fp32 checkpoint, w=7 / flush / staggered us): Qwen3.5 fold_stages 1: 155.5 / 449.3 / 180.0 against
 # 156.4 / 502.8 / 194.7 at the decode's 2 (3: 469.5 flush, 4: 478.7); Kimi-Linear 3: 187.0 / 593.7 / 247.0 against
 # 190.6 / 616.6 / 251.7 (1: 284.9 staggered); [S, HV, V, K] Qwen3.5 1: 167.1 / 459.0 / 194.8 against 167.4 /
@@ -84,7 +87,7 @@ TILES = {
               "read": dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
               "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", row_programs=16),
               "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-              "flush_replay": dict(rows=32, num_warps=2, stages=2, dot="tf32x3", row_programs=4),
+              "flush_replay": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4),
               "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3", tokens=8),
               "verify_read": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
               "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3", row_programs=16)},
