@@ -30,10 +30,10 @@ def _dry_run(capsys, args):
 
 def test_dry_run_decode(environ, capsys):
     out = _dry_run(capsys, ["--replay-ssm", "--replay-read-format", "nvfp4", "--replay-window", "8"] + MODEL)
+    # SGLang's CUDA graphs stay on (test_sglang_cuda_graph.py)
     assert out["sglang_args"] == MODEL + ["--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer",
-                                          "--disable-overlap-schedule", "--disable-cuda-graph",
-                                          "--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend",
-                                          "triton"]
+                                          "--disable-overlap-schedule", "--linear-attn-decode-backend", "triton",
+                                          "--linear-attn-verify-backend", "triton"]
     assert out["replay"] == dict(window=8, max_draft_tokens=0, checkpoint_dtype="float32", read_format="nvfp4",
                                  ring_dtype="bfloat16", seed=0, ring_version=1)
     assert json.loads(environ[options.ENV_VAR]) == out["replay"]
@@ -43,10 +43,9 @@ def test_dry_run_decode(environ, capsys):
 def test_dry_run_spec_and_checkpoint_dtype(environ, capsys):
     out = _dry_run(capsys, ["--replay-ssm", "--replay-checkpoint-dtype", "float16_sr"] + MODEL + SPEC)
     assert out["replay"]["max_draft_tokens"] == 3
-    assert out["sglang_args"][-10:] == ["--mamba-ssm-dtype", "float16", "--mamba-radix-cache-strategy", "no_buffer",
-                                        "--disable-overlap-schedule", "--disable-cuda-graph",
-                                        "--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend",
-                                        "triton"]
+    assert out["sglang_args"][-9:] == ["--mamba-ssm-dtype", "float16", "--mamba-radix-cache-strategy", "no_buffer",
+                                       "--disable-overlap-schedule", "--linear-attn-decode-backend", "triton",
+                                       "--linear-attn-verify-backend", "triton"]
 
 
 @pytest.fixture
@@ -57,6 +56,7 @@ def gpu_platform(monkeypatch):
 
 
 def test_dry_run_extra_buffer(environ, capsys, gpu_platform):
+    """extra_buffer's track copies read their row mask on the host inside the forward: no CUDA graphs."""
     strategy = ["--mamba-radix-cache-strategy", "extra_buffer"]
     out = _dry_run(capsys, ["--replay-ssm"] + MODEL + strategy)
     assert out["sglang_args"] == MODEL + strategy + ["--mamba-ssm-dtype", "float32", "--disable-overlap-schedule",

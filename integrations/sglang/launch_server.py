@@ -40,8 +40,6 @@ _REFUSED = {
                                                "use --replay-checkpoint-dtype float16_sr"),
     "enable_mixed_chunk": ("--enable-mixed-chunk", False,
                            "decode rows of a mixed batch would run the prefill kernel on the checkpoint alone"),
-    "disable_cuda_graph": ("--disable-cuda-graph", True,
-                           "replay steps validate slots on the host, which CUDA-graph capture cannot take"),
 }
 
 
@@ -94,7 +92,9 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
         # SGLang's no_buffer needs it; extra_buffer is verified with one track slot per request (the
         # overlap scheduler's second slot and its lookahead bookkeeping are not)
         sglang_args += ["--disable-overlap-schedule"]
-    if "--disable-cuda-graph" not in rest:
+    if strategy == "extra_buffer" and "--disable-cuda-graph" not in rest:
+        # its track copies read their row mask on the host inside the forward, which a CUDA graph cannot
+        # capture; replay's decode and verify steps read no device value, so other modes keep SGLang's graphs
         sglang_args += ["--disable-cuda-graph"]
     for phase in ("decode", "verify"):                          # GDN / KDA: replay replaces the triton kernels
         flag = f"--linear-attn-{phase}-backend"

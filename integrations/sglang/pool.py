@@ -263,7 +263,7 @@ def track_copy(copy, conv_states, ssm_states, cache_indices, mamba_track_mask, m
     folded into their checkpoints first (the copy then carries the whole state at this token),
     SGLang's ``copy`` runs, and the destination rows' rings are emptied and read copies re-derived
     from the copied checkpoint. A state of no replay pool is copied as SGLang does. Reads the mask
-    on the host (a synchronization on a GPU): the launcher runs replay without CUDA graphs.
+    on the host (a synchronization on a GPU): the launcher turns CUDA graphs off with extra_buffer.
     """
     found = _track_owner(ssm_states)
     if found is None:
