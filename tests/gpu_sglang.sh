@@ -2,7 +2,7 @@
 # The SGLang lifecycle tests on the GPU (REPLAYSSM_TEST_DEVICE=cuda: SGLang's pools on cuda, the Triton
 # kernels compiled for the GPU), on the device machine: Python 3.12 with torch, triton, transformers and
 # pytest, but no sglang and no network. SGLang 0.5.23 and the packages its modules import that the
-# machine lacks travel as wheels in .whl (see .whl/README.txt); this package is installed from the tree.
+# machine lacks travel as wheels in .whl (tests/gpu_sglang_wheels.sh fills it); this package is installed from the tree.
 #
 #   run from the repository root, .whl carried:  bash tests/gpu_sglang.sh [pytest arguments]
 #   log: ${OUT:-/tmp/out}/sglang.log
