@@ -64,7 +64,9 @@ CANDIDATES = {
                    dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3")],
         "flush": [dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=r)
                   for r in (4, 16, 64, 256)]
-                 + [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", row_programs=16)],
+                 + [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", row_programs=16)]
+                 + [dict(rows=r, num_warps=1, chunk=32, stages=3, dot="tf32x3", row_programs=rp)
+                    for r, rp in ((32, 16), (16, 16), (16, 4), (64, 16))],
     },
     "delta": {
         "decode": [(dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False), 16),
@@ -109,7 +111,8 @@ CANDIDATES = {
                         + [dict(rows=64, num_warps=4, stages=2, dot="tf32x3", row_programs=16)]
                         # one warp: the replay's per-entry reduction over K stays within the warp (no shared memory)
                         + [dict(rows=r, num_warps=1, stages=2, dot="tf32x3", row_programs=rp)
-                           for r, rp in ((32, 4), (16, 4), (16, 16), (8, 4), (8, 16))],
+                           for r, rp in ((32, 4), (16, 4), (16, 16), (8, 4), (8, 16))]
+                        + [dict(rows=16, num_warps=1, stages=st, dot="tf32x3", row_programs=4) for st in (1, 3, 4)],
     },
 }
 # the decode tiles also fold the flush rows (fold_chunk, dot): candidates without spills by ptxas (sm_90a), and
