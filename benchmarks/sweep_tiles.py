@@ -62,6 +62,8 @@ CANDIDATES = {
                    dict(rows=32, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=64, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
                    dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3")],
+        "verify_flush": [dict(rows=r, num_warps=w, chunk=32, stages=2, dot="tf32x3", row_programs=16)
+                         for r, w in ((64, 4), (32, 1), (16, 1), (32, 2), (64, 2), (64, 1))],
         "flush": [dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=r)
                   for r in (4, 16, 64, 256)]
                  + [dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", row_programs=16)]
@@ -113,6 +115,8 @@ CANDIDATES = {
                         + [dict(rows=r, num_warps=1, stages=2, dot="tf32x3", row_programs=rp)
                            for r, rp in ((32, 4), (16, 4), (16, 16), (8, 4), (8, 16))]
                         + [dict(rows=16, num_warps=1, stages=st, dot="tf32x3", row_programs=4) for st in (1, 3, 4)],
+        "verify_flush": [dict(rows=r, num_warps=w, stages=2, dot="tf32x3", row_programs=rp)
+                         for r, w, rp in ((32, 8, 16), (16, 1, 16), (16, 1, 4), (32, 1, 16), (32, 2, 16), (32, 4, 16))],
     },
 }
 # the decode tiles also fold the flush rows (fold_chunk, dot): candidates without spills by ptxas (sm_90a), and
@@ -147,7 +151,10 @@ SETUPS = {"decode": _DECODE, "decode_vk": _DECODE, "read_fp8": [("w=7", "fp8", 1
           "read": [("w=7", "nvfp4", 1, 7)], **verify_setups(),
           "flush": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1), ("staggered", "nvfp4", 1, None)],
           "flush_replay": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1),
-                           ("staggered", "nvfp4", 1, None)]}
+                           ("staggered", "nvfp4", 1, None)],
+          # a verify whose rows all flush (8 + 8 entries), or half of them (row r holds r mod 16)
+          "verify_flush": [(f"{fmt} {c}", fmt, VERIFY_T, fill) for fmt in ("checkpoint", "nvfp4")
+                           for c, fill in (("all", WINDOW - VERIFY_T), ("half", None))]}
 
 
 def _time(spec, batch, read_format, T, fill, state_layout="kv", q_dtype=None):

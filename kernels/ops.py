@@ -57,7 +57,11 @@ _compiled: set = set()
 # pass instead, was slower on every model). Untimed tiles take 16. The GDN / KDA replay behind a read copy
 # on one warp (2026-12-01, NVFP4, w=7 / flush / staggered us): 16 value rows 143.2 / 1003.8 / 200.6 (Qwen3.5),
 # 161.8 / 1274.8 / 236.1 (Kimi-Linear) against 142.5 / 1356.3 / 222.8 and 161.9 / 1698.3 / 261.1 at 32 rows on
-# two warps (each entry's reduction over K stays within the warp); 32 rows on one warp 2000.0 flush, 8 rows 1662.2. The delta fold stream's own pipeline depth
+# two warps (each entry's reduction over K stays within the warp); 32 rows on one warp 2000.0 flush, 8 rows 1662.2.
+# verify_flush (2026-12-01, batch 256, T = 8 verify whose rows all / half flush, checkpoint / NVFP4 us): GDN 16 rows /
+# 1 warp 1818.7 / 977.2 / 2448.0 / 1418.5 (Qwen3.5; 32 / 8 warps was 5906.7 / 3135.4 / 7983.6 / 4510.9), KDA 3362.0 /
+# 2070.1 / 4205.8 / 2731.4 (9943.5 / 5270.3 / 11806.0 / 7050.0); Mamba-2 64 rows / 2 warps 1524.8 / 992.2 / 2667.6 /
+# 1644.7 (Nemotron-H; 64 / 4 was 1919.3 / 1184.6 / 2838.4 / 1739.9). The delta fold stream's own pipeline depth
 # (2026-11-30, fp32 checkpoint, w=7 / flush / staggered us): Qwen3.5 fold_stages 1: 155.5 / 449.3 / 180.0 against
 # 156.4 / 502.8 / 194.7 at the decode's 2 (3: 469.5 flush, 4: 478.7); Kimi-Linear 3: 187.0 / 593.7 / 247.0 against
 # 190.6 / 616.6 / 251.7 (1: 284.9 staggered); [S, HV, V, K] Qwen3.5 1: 167.1 / 459.0 / 194.8 against 167.4 /
@@ -78,7 +82,7 @@ TILES = {
                "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=16),
                "verify": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
                "verify_read": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
-               "verify_flush": dict(rows=64, num_warps=4, chunk=32, stages=2, dot="tf32x3", row_programs=16)},
+               "verify_flush": dict(rows=64, num_warps=2, chunk=32, stages=2, dot="tf32x3", row_programs=16)},
     "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=1,
                              dot="tf32x3"),
               "decode_vk": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True, fold_chunk=16, fold_stages=1,
@@ -90,7 +94,7 @@ TILES = {
               "flush_replay": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4),
               "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3", tokens=8),
               "verify_read": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-              "verify_flush": dict(rows=32, num_warps=8, stages=2, dot="tf32x3", row_programs=16)},
+              "verify_flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16)},
     "kda": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=3,
                            dot="tf32x3"),
             "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
