@@ -2,7 +2,7 @@
 
     python benchmarks/sweep_tiles.py [--batch 256] [--models nemotron-h,qwen3.5,kimi-linear]
                                      [--kinds decode,decode_vk,read_fp8,read,verify,verify_read,flush,
-                                              flush_replay]
+                                              flush_replay,verify_flush]
                                      [--pick 0,-1] [--q-dtype bfloat16|float32] [--verify-tokens 2,4,8]
 
 Per model and kind, each candidate's step time, and the largest output difference from the first
@@ -19,7 +19,12 @@ candidate (the candidates must agree):
   step (the flush pass is launched at every step; on the checkpoint the decode step's flush is the
   decode launch's fold: the decode kinds; this tile also serves the flush-only launch);
 - flush_replay (GDN / KDA): the same for the flush pass behind an NVFP4 read copy (the window
-  replays).
+  replays);
+- verify_flush: a T = 8 verify whose rows all flush (8 + 8 entries) or half of them (row r holds
+  r mod 16), on the checkpoint and behind an NVFP4 read copy: the verify's flush pass.
+A step with flush rows is timed without moving the cursors, so every call folds the same window
+into the checkpoint again: there the candidates' outputs drift apart with the number of calls timed,
+and the max |dy| column holds that drift too (the kernel tests check the tiles' results).
 decode, flush and flush_replay also time the staggered step (row r holds r mod 16 entries, so
 1/16 of the rows flush: the serving steady state, where a flush pass's rows are few).
 Decode, read and flush size the ring for decode only (no draft tokens), as bench_decode does.
