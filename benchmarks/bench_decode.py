@@ -8,7 +8,8 @@ triton.testing.do_bench, which clears L2 between runs):
   ours: non-flush step at ring fill w = 0, 7, 14; flush step (w = 15); a whole window of
   16 decode steps with cursor moves (amortized); a staggered step (row r holds r mod 16 entries,
   so 1/16 of the rows flush: a serving steady state); non-flush / flush / staggered with fp8 and
-  nvfp4 read copies; verify of T = 2, 4, 8 tokens.
+  nvfp4 read copies; verify of T = 2, 4, 8 tokens without flush rows, and of T = 8 with half the rows
+  flushing (row r holds r mod 16 entries).
   peers (loaded from --peers when present): mamba_ssm selective_state_update, fla
   fused_recurrent_gated_delta_rule (T = 1, 2, 4, 8), fla fused_recurrent_kda_fwd (T = 1 and
   per-draft snapshots), SGLang 0.5.23 fused_recurrent_linear_replayssm_decode (GDN and KDA;
@@ -372,6 +373,11 @@ def bench_verify(name, spec, batch, peers):
         layer.set_fill(WINDOW - 1 - T)
         nbytes = batch * (S + (WINDOW - 1 - T) * ring + T * ring + bytes_io(spec, T))
         record(name, batch, f"ours verify T={T} (no flush)", timed(fn), nbytes, T=T)
+        if T == 8:
+            # speculative decoding's steady state, where some rows flush at a verify: row r holds r mod 16
+            # entries, so the half holding 8 or more flush (their state is written too)
+            layer.set_staggered()
+            record(name, batch, f"ours verify T={T} (half the rows flush)", timed(fn), nbytes + batch // 2 * S, T=T)
         if spec.family != "mamba2" and T == 8:
             # the adapters pass the queries L2-normalised in fp32, where a bf16 query is an exact tf32 operand
             fn, _ = layer.step_fn(dict(inp, q=inp["q"].float()), committed=False)
