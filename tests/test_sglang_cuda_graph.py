@@ -8,7 +8,8 @@ pad the batch up to the captured size. Here the replay seam (``TritonGDNKernel.p
 (``REPLAYSSM_TEST_DEVICE=cuda``) both layers' steps are captured in one ``torch.cuda.CUDAGraph`` and
 the graph is replayed at every step, with other requests and paddings each time, across flushes; the
 commit after a verify runs outside the graph, as SGLang's does. On the CPU the same steps run
-eagerly (Triton's interpreter). Checked against the fp64 step recurrence.
+eagerly (Triton's interpreter). Checked against the fp64 step recurrence. The Mamba-2 and KDA seams
+are checked for host reads (what a capture cannot take) through their own decode and verify tests.
 """
 
 from array import array
@@ -188,3 +189,37 @@ def test_gdn_verify_replays_under_sglangs_cuda_graph_metadata(server_args):
             assert rms_ratio(req_pool.mamba_pool.replay.read_state(layer, slots), oracle[layer]) < TOL["float32"]
     finally:
         hooks.uninstall()
+
+
+@pytest.mark.parametrize("family", ["mamba2", "kda"])
+def test_every_familys_seam_reads_no_device_value(server_args, monkeypatch, family):
+    """What a CUDA graph cannot capture, for the other families' seams (GDN's: the tests above): their
+    decode and verify tests run with each seam call under ``HostReads`` (the Triton backend; the
+    per-layer stochastic-rounding keys are computed first, once per process, as a warm-up would)."""
+    import test_sglang_kda
+    import test_sglang_replay
+    from replayssm.integrations.sglang import kda, mamba2
+    from replayssm.kernels import ops
+    for layer in range(4):
+        ops.sr_base(0, layer)
+    reads, calls = [], []
+
+    def watched(seam):
+        def call(*args, **kwargs):
+            with HostReads() as found:
+                result = seam(*args, **kwargs)
+            reads.extend(found.found)
+            calls.append(seam.__name__)
+            return result
+        return call
+
+    if family == "mamba2":
+        monkeypatch.setattr(mamba2, "replay_selective_state_update", watched(mamba2.replay_selective_state_update))
+        test_sglang_replay.test_decode_through_sglang_call_site_matches_step_recurrence("triton")
+        test_sglang_replay.test_verify_and_commit_match_step_recurrence("triton")
+    else:
+        for name in ("replay_packed_decode", "replay_target_verify"):
+            monkeypatch.setattr(kda, name, watched(getattr(kda, name)))
+        test_sglang_kda.test_kda_decode_matches_step_recurrence("packed", "triton", None)
+        test_sglang_kda.test_kda_verify_and_commit_through_sglangs_backend(server_args, "triton", -5.0)
+    assert len(calls) >= 20 and not reads, (calls, reads)
