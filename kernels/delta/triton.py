@@ -9,7 +9,8 @@ handling only its rows:
   ``o_t = scale [S0ᵀ(e^{Γ_t} ⊙ q_t) + Σ_{j<=t} ĉ_tj d_j]`` with the d of earlier entries taken from
   the ring's d cache. The new d is cached for later steps' outputs; the state is not written.
 - the flush pass (``_delta_flush_kernel``) folds the committed window into the checkpoint,
-  stores it and its read copy, then evaluates a verify's tokens from it. With the checkpoint as
+  stores it and its read copy, then, behind a read copy, evaluates a verify's tokens from it (on the
+  checkpoint the verify kernel evaluates the flush rows' tokens too, before the fold). With the checkpoint as
   the read format the cached d are the recurrence's own and the history folds as one product;
   behind an fp8 / NVFP4 read copy the window replays step by step from the raw inputs (k, v, g,
   beta; loads pipelined across entries), so the copy's rounding never reaches the checkpoint.
@@ -55,12 +56,17 @@ def _delta_flush_kernel(
     checkpoint, so they are the recurrence's own d: the history folds as one product
     ``S = e^{Γ_e} S0 + Wᵀ D`` (``W_j = e^{Γ_e - Γ_j} ⊙ k_j``, ``tl.dot`` at precision ``DOT``) and
     only a decode's own token is stepped. Behind an fp8 / NVFP4 read copy the d carry its
-    rounding, so every committed entry is replayed from its raw inputs instead.
+    rounding, so every committed entry is replayed from its raw inputs instead, and a verify's
+    tokens are then evaluated from the folded state; on the checkpoint the verify kernel has
+    evaluated and appended them (``EVALUATED``), and this pass only folds.
 
     Grid ``(V / BV, HV, RP)``: program ``rp`` of a (V-tile, head) takes the step's flush rows of
     rank ``rp``, ``rp + RP``, ... (ranks in row order, found by scanning the cursors in ``RB``-row
     blocks), so that a step where few rows flush launches no program per row."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
+    # a verify of T > 1 tokens on the checkpoint: the verify kernel has evaluated and appended every row's
+    # tokens (T = 1 verifies run the decode kernel, which leaves flush rows to this pass)
+    EVALUATED: tl.constexpr = (not COMMITTED) and (T > 1) and (READ_FMT == READ_CHECKPOINT)
     pid_v, h, rp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
@@ -144,7 +150,7 @@ def _delta_flush_kernel(
             if READ_FMT != READ_CHECKPOINT:
                 store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head,
                                 tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, RC_EMAX, BV, K, RC_CW)
-            if not COMMITTED:
+            if not (COMMITTED or EVALUATED):
                 # a verify's tokens, evaluated from the folded state S (exact): the window is the T tokens
                 wmask = e < T
                 tk = tl.minimum(e, T - 1)
@@ -188,7 +194,7 @@ def _delta_flush_kernel(
                     tl.store(rd + ((origin + count + t) % capacity) * V + ov, dt_, mask=vmask)
 
             # append this step's raw inputs at ring entries (origin + count + t) % C
-            for t in tl.static_range(T):
+            for t in tl.static_range(0 if EVALUATED else T):
                 p = (origin + count + t) % capacity
                 tl.store(rv + p * V + ov, tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask, other=0.0),
                          mask=vmask)
@@ -487,12 +493,17 @@ def _delta_verify_kernel(
     ``[BV]`` vectors), ``O = scale (R + D_hist C_q + D_tok N_q)``. KDA's per-channel decays enter
     the products factored at the history's end (both factors <= 1) for history pairs, and pair
     by pair for token pairs (``[16, TT, TT]`` blocks of 16 channels, before the stream). Writes
-    outputs, the tokens' d and ring entries only."""
+    outputs, the tokens' d and ring entries only.
+
+    On the checkpoint the flush rows are evaluated here too (their history, up to ``L - 1``
+    entries, fits the ``BM`` block, and its cached d are the recurrence's own), before the flush
+    pass folds their history; behind a read copy they are left to the flush pass, which evaluates
+    them on the exact checkpoint."""
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
-    if valid & is_flush:                                   # the flush pass's row
+    if valid & is_flush & (READ_FMT != READ_CHECKPOINT):   # the flush pass's row (behind a read copy)
         return
     origin = tl.load(origin_ptr + sl)
     active = valid
