@@ -7,7 +7,8 @@ the non-flush pass (``_mamba2_decode_kernel`` for T = 1, ``_mamba2_verify_kernel
 for T > 1) streams the checkpoint or its read copy once and writes outputs and ring entries
 only; the flush pass (``_mamba2_flush_kernel``) streams the checkpoint in chunks, folds the
 window into each chunk (``e^{lam_F} S0 + (s * x)^T B``, one ``tl.dot``), stores it, evaluates the
-step's outputs from it and re-derives the read copy. Cursors are only read.
+step's outputs from it and re-derives the read copy (a verify on the checkpoint evaluates its flush
+rows in the verify kernel, and the flush pass only folds). Cursors are only read.
 Derivation: README.md beside this file; reference: reference.py.
 """
 
@@ -62,6 +63,9 @@ def _mamba2_flush_kernel(
     rank ``rp``, ``rp + RP``, ... (ranks in row order, found by scanning the cursors in ``RB``-row
     blocks), so that a step where few rows flush launches no program per row."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
+    # a verify of T > 1 tokens on the checkpoint: the verify kernel has evaluated and appended every row's
+    # tokens (T = 1 verifies run the decode kernel, which leaves flush rows to this pass)
+    EVALUATED: tl.constexpr = (not COMMITTED) and (T > 1) and (READ_FMT == READ_CHECKPOINT)
     pid_p, h, rp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
@@ -122,12 +126,13 @@ def _mamba2_flush_kernel(
                     amax = tl.maximum(amax, tl.max(tl.abs(stored.to(tl.float32)), axis=1))
                 if COMMITTED:
                     yc += tl.sum(S_F * tl.load(C + i * cc_r + g * cc_g + on).to(tl.float32)[None, :], axis=1)
-                else:
+                elif not EVALUATED:
                     Ct = tl.load(C + i * cc_r + tt[None, :] * cc_t + g * cc_g + on[:, None], mask=tmask[None, :],
                                  other=0.0).to(tl.float32)                                          # [NC, TT]
                     sc += tl.dot(S_F, Ct, input_precision=DOT)
                     bc += tl.dot(Bf, Ct, input_precision=DOT)
-                tl.store(rB + pos[:, None] * N + on[None, :], B_w, mask=new[:, None] & append_B)
+                if not EVALUATED:
+                    tl.store(rB + pos[:, None] * N + on[None, :], B_w, mask=new[:, None] & append_B)
             if READ_FMT != READ_CHECKPOINT:
                 # every thread's chunk stores are visible to the whole program after the barrier
                 tl.debug_barrier()
@@ -139,31 +144,32 @@ def _mamba2_flush_kernel(
                     store_read_chunk(rc_codes + head * RC_CW, rc_bs + head * (N // 16), stored, amax, op, pmask, c,
                                      READ_FMT, RC_EMAX, BP, NC, N, RC_CW)
 
-            tok_mask = pmask[:, None] & tmask[None, :]
-            x_tok = tl.load(x + i * x_r + tt[None, :] * x_t + h * x_h + op[:, None], mask=tok_mask,
-                            other=0.0).to(tl.float32)                                               # [BP, TT]
-            if COMMITTED:
-                y = tl.where(tt[None, :] == 0, yc[:, None], 0.0)
-            else:
-                # y_t = e^{lam_t - lam_F} S_F C_t + sum_{F < r <= t} e^{lam_t - lam_r} dt'_r (B_r . C_t) x_r
-                jt = count + tt
-                lam_t = tl.sum(tl.where(e[:, None] == jt[None, :], lam[:, None], 0.0), axis=0)     # [TT]
-                W = tl.where((e[:, None] >= n_fold) & (e[:, None] <= jt[None, :]),
-                             tl.exp(tl.minimum(lam_t[None, :] - lam[:, None], 0.0)) * dtp[:, None] * bc, 0.0)
-                y = (tl.exp(tl.minimum(lam_t - lam_F, 0.0))[None, :] * sc
-                     + tl.dot(tl.trans(x_w.to(tl.float32)), W, input_precision=DOT))               # [BP, TT]
-            if HAS_D:
-                y += tl.load(D + h) * x_tok
-            if HAS_Z:
-                zz = tl.load(z + i * z_r + tt[None, :] * z_t + h * z_h + op[:, None], mask=tok_mask,
-                             other=0.0).to(tl.float32)
-                y = y * zz * tl.sigmoid(zz)
-            tl.store(out + i * o_r + tt[None, :] * o_t + h * o_h + op[:, None], y.to(out.dtype.element_ty),
-                     mask=tok_mask)
+            if not EVALUATED:
+                tok_mask = pmask[:, None] & tmask[None, :]
+                x_tok = tl.load(x + i * x_r + tt[None, :] * x_t + h * x_h + op[:, None], mask=tok_mask,
+                                other=0.0).to(tl.float32)                                               # [BP, TT]
+                if COMMITTED:
+                    y = tl.where(tt[None, :] == 0, yc[:, None], 0.0)
+                else:
+                    # y_t = e^{lam_t - lam_F} S_F C_t + sum_{F < r <= t} e^{lam_t - lam_r} dt'_r (B_r . C_t) x_r
+                    jt = count + tt
+                    lam_t = tl.sum(tl.where(e[:, None] == jt[None, :], lam[:, None], 0.0), axis=0)     # [TT]
+                    W = tl.where((e[:, None] >= n_fold) & (e[:, None] <= jt[None, :]),
+                                 tl.exp(tl.minimum(lam_t[None, :] - lam[:, None], 0.0)) * dtp[:, None] * bc, 0.0)
+                    y = (tl.exp(tl.minimum(lam_t - lam_F, 0.0))[None, :] * sc
+                         + tl.dot(tl.trans(x_w.to(tl.float32)), W, input_precision=DOT))               # [BP, TT]
+                if HAS_D:
+                    y += tl.load(D + h) * x_tok
+                if HAS_Z:
+                    zz = tl.load(z + i * z_r + tt[None, :] * z_t + h * z_h + op[:, None], mask=tok_mask,
+                                 other=0.0).to(tl.float32)
+                    y = y * zz * tl.sigmoid(zz)
+                tl.store(out + i * o_r + tt[None, :] * o_t + h * o_h + op[:, None], y.to(out.dtype.element_ty),
+                         mask=tok_mask)
 
-            # append this step's tokens at ring entries (origin + count + t) % C
-            tl.store(rx + pos[:, None] * P + op[None, :], x_w, mask=new[:, None] & pmask[None, :])
-            tl.store(rdt + pos, dt_w, mask=new & (pid_p == 0))
+                # append this step's tokens at ring entries (origin + count + t) % C
+                tl.store(rx + pos[:, None] * P + op[None, :], x_w, mask=new[:, None] & pmask[None, :])
+                tl.store(rdt + pos, dt_w, mask=new & (pid_p == 0))
         base += nf
 
 
@@ -346,12 +352,16 @@ def _mamba2_verify_kernel(
     "ieee" fp32 or "tf32x3", fp32-accurate on tensor cores, in fewer tf32 passes on operands that
     tf32 holds exactly); then
     ``y = e^{lam_t} S0 C_t + X W`` with ``W[e, t] = e^{lam_t - lam_e} dt'_e (B_e . C_t)`` for
-    ``e <= t``. Writes outputs and ring entries only; flush rows are left to the flush pass."""
+    ``e <= t``. Writes outputs and ring entries only.
+
+    On the checkpoint the flush rows are evaluated here too (the window block holds their whole
+    history), before the flush pass folds their history; behind a read copy they are left to the
+    flush pass, which evaluates them on the exact checkpoint."""
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
-    if valid & is_flush:                                   # the flush pass's row
+    if valid & is_flush & (READ_FMT != READ_CHECKPOINT):   # the flush pass's row (behind a read copy)
         return
     origin = tl.load(origin_ptr + sl)
     active = valid
