@@ -2,7 +2,7 @@
 
     python benchmarks/sweep_tiles.py [--batch 256] [--models nemotron-h,qwen3.5,kimi-linear]
                                      [--kinds decode,decode_vk,read_fp8,read,verify,verify_read,flush,
-                                              flush_replay,verify_flush]
+                                              flush_replay,verify_flush,verify_fold]
                                      [--pick 0,-1] [--q-dtype bfloat16|float32] [--verify-tokens 2,4,8]
 
 Per model and kind, each candidate's step time, and the largest output difference from the first
@@ -21,7 +21,11 @@ candidate (the candidates must agree):
 - flush_replay (GDN / KDA): the same for the flush pass behind an NVFP4 read copy (the window
   replays);
 - verify_flush: a T = 8 verify whose rows all flush (8 + 8 entries) or half of them (row r holds
-  r mod 16), on the checkpoint and behind an NVFP4 read copy: the verify's flush pass.
+  r mod 16), on the checkpoint and behind an NVFP4 read copy: the verify's flush pass (on the
+  checkpoint only with a verify tile of fold=False);
+- verify_fold: the same verify on the checkpoint, and one without flush rows, over the verify tiles:
+  the tile in use (its flush rows fold in the verify kernel), the same with fold=False (the flush
+  pass folds them), then the verify candidates.
 A step with flush rows is timed without moving the cursors, so every call folds the same window
 into the checkpoint again: there the candidates' outputs drift apart with the number of calls timed,
 and the max |dy| column holds that drift too (the kernel tests check the tiles' results).
@@ -159,7 +163,9 @@ SETUPS = {"decode": _DECODE, "decode_vk": _DECODE, "read_fp8": [("w=7", "fp8", 1
                            ("staggered", "nvfp4", 1, None)],
           # a verify whose rows all flush (8 + 8 entries), or half of them (row r holds r mod 16)
           "verify_flush": [(f"{fmt} {c}", fmt, VERIFY_T, fill) for fmt in ("checkpoint", "nvfp4")
-                           for c, fill in (("all", WINDOW - VERIFY_T), ("half", None))]}
+                           for c, fill in (("all", WINDOW - VERIFY_T), ("half", None))],
+          "verify_fold": [(c, "checkpoint", VERIFY_T, fill) for c, fill in
+                          (("no flush", WINDOW - 1 - VERIFY_T), ("all", WINDOW - VERIFY_T), ("half", None))]}
 
 
 def _time(spec, batch, read_format, T, fill, state_layout="kv", q_dtype=None):
@@ -184,7 +190,11 @@ def sweep(name, batch, kinds, pick=None, q_dtype=None):
     saved = {k: dict(v) for k, v in table.items()}
     print(f"\n{name} batch {batch} (tiles now {saved})")
     for kind in kinds:
-        candidates = CANDIDATES[fam].get({"read_fp8": "decode", "verify_read": "verify"}.get(kind, kind))
+        candidates = CANDIDATES[fam].get({"read_fp8": "decode", "verify_read": "verify", "verify_fold": "verify"}
+                                         .get(kind, kind))
+        key = "verify" if kind == "verify_fold" else kind                   # the ops.TILES entry swept
+        if kind == "verify_fold":
+            candidates = [saved["verify"], dict(saved["verify"], fold=False)] + candidates
         if candidates is None:                   # flush_replay and the _vk kinds are the delta families'
             continue
         columns = SETUPS[kind]
@@ -193,7 +203,7 @@ def sweep(name, batch, kinds, pick=None, q_dtype=None):
         print(f"{kind:>7}: " + " ".join(f"{h:>14}" for h in heads) + f" {'max |dy|':>9}  tile")
         first = None
         for tile in candidates if pick is None else [candidates[j] for j in pick]:
-            table[kind] = tile
+            table[key] = tile
             try:
                 layout = "vk" if kind.endswith("_vk") else "kv"
                 times, ys = zip(*(_time(spec, batch, f, T, fill, layout, q_dtype) for _, f, T, fill in columns))
@@ -205,10 +215,10 @@ def sweep(name, batch, kinds, pick=None, q_dtype=None):
             except Exception as e:  # a candidate that does not compile is reported, not fatal
                 print(" " * 9 + f"failed: {e!r}  {tile}", flush=True)
             torch.cuda.empty_cache()
-        if kind in saved:
-            table[kind] = saved[kind]
+        if key in saved:
+            table[key] = saved[key]
         else:                                  # a KDA kind that falls back to delta's entry
-            del table[kind]
+            del table[key]
 
 
 def main():

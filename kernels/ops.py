@@ -100,7 +100,9 @@ TILES = {
             "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
             "read": dict(rows=128, num_warps=2, chunk=16, stages=3, acc=True),
             "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-            "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+            # fold=False: KDA's verify leaves its flush rows' fold to the flush pass (folded in the verify kernel, with
+            # its per-channel gates, the verify took more time with flush rows and without: BENCHMARKS.md v19)
+            "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3", fold=False),
             "verify_read": dict(rows=128, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }
 # codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
@@ -116,9 +118,10 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
             vk: bool = False) -> list[tuple]:
     """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass)
     of the two passes of a step (of the flush pass alone for ``T = 0``: a flush-only launch,
-    ``StatePool.flush`` on the device; of the decode kernel alone for a decode on the checkpoint,
-    which folds its flush rows too). The grid is (row tiles, heads, last): ``"n"`` (a program per
-    row) for the non-flush passes, ``RP`` programs sharing the flush rows for the flush pass.
+    ``StatePool.flush`` on the device; of the decode or verify kernel alone for a step on the
+    checkpoint, which folds its flush rows too, unless its tile says ``fold=False``). The grid is
+    (row tiles, heads, last): ``"n"`` (a program per row) for the non-flush passes, ``RP`` programs
+    sharing the flush rows for the flush pass.
 
     ``kernels``: (decode, verify, flush) Triton functions of the family; ``vk``: the checkpoint's
     key channels are contiguous (a framework's ``[S, HV, V, K]`` tensor), which has its own decode
@@ -144,7 +147,12 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     elif T > 1:
         pw = _PER_WORD_VERIFY[const["READ_FMT"]]
         nc = min(cols, max(ver["chunk"], 16 * pw))
-        plan = [(kernels[1], dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=tt), False)]
+        # a verify on the checkpoint is one launch: the verify kernel folds its flush rows' history too
+        # (unless the tile says fold=False: then the flush pass folds it)
+        vfold = const["READ_FMT"] == 0 and ver.get("fold", True)
+        plan = [(kernels[1], dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=tt, FOLD=vfold), False)]
+        if vfold:
+            return _blocks(plan, rows, const)
     else:
         pw = _PER_WORD[const["READ_FMT"]]
         dec = tiles["read" if pw > 1 else "read_fp8" if const["READ_FMT"] != 0 else "decode_vk" if vk_tile

@@ -378,13 +378,16 @@ def test_decode_tiles_of_several_chunks(monkeypatch, family, layout, read_format
         assert rms_ratio(tri.read_state(0, st), ref.read_state(0, sr)) < 1e-5
 
 
-@pytest.mark.parametrize("family,read_format,drafts", [("mamba2", "nvfp4", 0), ("gdn", "fp8", 0), ("kda", "nvfp4", 0),
-                                                        ("mamba2", "checkpoint", 2), ("gdn", "checkpoint", 2)])
-def test_flush_pass_finds_the_flush_rows_of_staggered_rows(monkeypatch, family, read_format, drafts):
+@pytest.mark.parametrize("family,read_format,drafts,verify_fold", [
+    ("mamba2", "nvfp4", 0, None), ("gdn", "fp8", 0, None), ("kda", "nvfp4", 0, None),
+    *[(f, "checkpoint", 2, fold) for f in ("mamba2", "gdn", "kda") for fold in (True, False)]])
+def test_flush_pass_finds_the_flush_rows_of_staggered_rows(monkeypatch, family, read_format, drafts, verify_fold):
     """Rows at different fills (random subsets step), unsorted slots with padded rows, more rows
     than a flush program scans at once and more flush rows than programs: every flush row is
     folded exactly once (outputs match the reference, rings and cursors bit-exact, checkpoints
-    match). Decode tiles with ``fold=False``: a decode on the checkpoint takes the flush pass too."""
+    match). Decode tiles with ``fold=False``: a decode on the checkpoint takes the flush pass too;
+    a verify on the checkpoint folds its flush rows in the verify kernel (``verify_fold``) or in
+    the flush pass after it."""
     monkeypatch.setattr(ops, "FLUSH_SCAN_ROWS", 16)
     for table in ops.TILES.values():
         for kind, tile in table.items():
@@ -392,6 +395,8 @@ def test_flush_pass_finds_the_flush_rows_of_staggered_rows(monkeypatch, family, 
                 monkeypatch.setitem(table, kind, dict(tile, row_programs=3))
             elif kind.startswith("decode"):         # a decode on the checkpoint takes the flush pass too
                 monkeypatch.setitem(table, kind, dict(tile, fold=False))
+            elif kind == "verify" and verify_fold is not None:
+                monkeypatch.setitem(table, kind, dict(tile, fold=verify_fold))
     spec = SPECS[family]
     heads, dim = (spec.num_heads, spec.head_dim) if family == "mamba2" else (spec.num_v_heads, spec.head_v_dim)
     cfg = rs.ReplayConfig(window=4, max_draft_tokens=drafts, read_format=read_format)

@@ -479,7 +479,7 @@ def _delta_verify_kernel(
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, RC_PW: tl.constexpr, NC: tl.constexpr, NWP: tl.constexpr,
     STAGES: tl.constexpr, TT: tl.constexpr,
-    DOT: tl.constexpr,
+    DOT: tl.constexpr, FOLD: tl.constexpr,
 ):
     """Non-flush verify rows (T > 1; ``TT``: T padded to a power of two, at least the tile's ``tokens``),
     arguments as ``_delta_flush_kernel``.
@@ -496,13 +496,16 @@ def _delta_verify_kernel(
     outputs, the tokens' d and ring entries only.
 
     On the checkpoint the flush rows are evaluated here too (their history, up to ``L - 1``
-    entries, fits the ``BM`` block, and its cached d are the recurrence's own), before the flush
-    pass folds their history; behind a read copy they are left to the flush pass, which evaluates
+    entries, fits the ``BM`` block, and its cached d are the recurrence's own); with ``FOLD`` their
+    history also folds here after the outputs, the flush pass's product ``S = e^{Γ_e} S0 + Wᵀ D``
+    (``W_j = e^{Γ_e - Γ_j} ⊙ k_j``) over the state read again, and the step is one launch; without it the
+    flush pass folds them. Behind a read copy they are left to the flush pass, which evaluates
     them on the exact checkpoint."""
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
+    tl.static_assert((not FOLD) or (READ_FMT == READ_CHECKPOINT), "the fold reads the checkpoint")
     if valid & is_flush & (READ_FMT != READ_CHECKPOINT):   # the flush pass's row (behind a read copy)
         return
     origin = tl.load(origin_ptr + sl)
@@ -642,3 +645,34 @@ def _delta_verify_kernel(
     tl.store(rbeta + tpos, bt, mask=tmask & active & (pid_v == 0))
     if not PER_CHANNEL:
         tl.store(rg + tpos, g_tok, mask=tmask & active & (pid_v == 0))
+    if FOLD:
+        if valid & is_flush:
+            # the flush row's history folds, S = e^{Γ_e} S0 + Wᵀ D_hist: the state, the history's d and gates
+            # are read again (mostly from L2), so that the fold holds no registers during the stream above
+            ep = tl.load(epoch_ptr + sl)
+            d_f = tl.load(rd + pos[None, :] * V + ov[:, None], mask=hist[None, :] & vmask[:, None],
+                          other=0.0)                                                          # [BV, BM]
+            if not PER_CHANNEL:
+                g_f = tl.load(rg + pos, mask=hist, other=0.0)                                 # [BM]
+                g_e = tl.sum(g_f, axis=0)                                                     # the history's Γ_e
+                w_fold = tl.exp(g_e - tl.cumsum(g_f, axis=0))                                 # [BM] e^{Γ_e - Γ_j}
+            # small chunks, not pipelined: pipelined, the loop's buffers cost the verify without flush rows
+            # shared memory and registers (H200, BENCHMARKS.md v19)
+            FC: tl.constexpr = 16
+            jf = tl.arange(0, FC)
+            for c in tl.range(0, K // FC, num_stages=1):
+                okc = c * FC + jf
+                ck = ckpt + sl * c_s + h * c_h + okc[None, :] * c_k + ov[:, None] * c_v
+                fm = vmask[:, None]
+                S0 = tl.load(ck, mask=fm, other=0.0).to(tl.float32)                           # [BV, FC]
+                kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None],
+                             other=0.0).to(tl.float32)                                        # [BM, FC]
+                if PER_CHANNEL:
+                    gh = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0)
+                    g_e = tl.sum(gh, axis=0)                                                  # [FC]
+                    S_e = dot_fp32(d_f, kh * tl.exp(g_e[None, :] - tl.cumsum(gh, axis=0)), S0 * tl.exp(g_e)[None, :],
+                                   False, False, DOT)
+                else:
+                    S_e = dot_fp32(d_f, kh * w_fold[:, None], S0 * tl.exp(g_e), False, False, DOT)
+                stored = round_checkpoint(S_e, h * (K * V) + okc[None, :] * V + ov[:, None], sr_base, ep, CKPT_FMT)
+                tl.store(ck, stored, mask=fm)

@@ -342,7 +342,7 @@ def _mamba2_verify_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
     RC_PW: tl.constexpr, NC: tl.constexpr, NWP: tl.constexpr, STAGES: tl.constexpr, TT: tl.constexpr,
-    DOT: tl.constexpr,
+    DOT: tl.constexpr, FOLD: tl.constexpr,
 ):
     """Non-flush verify rows (T > 1; ``TT``: T padded to a power of two, at least the tile's ``tokens``),
     arguments as ``_mamba2_flush_kernel``.
@@ -355,12 +355,15 @@ def _mamba2_verify_kernel(
     ``e <= t``. Writes outputs and ring entries only.
 
     On the checkpoint the flush rows are evaluated here too (the window block holds their whole
-    history), before the flush pass folds their history; behind a read copy they are left to the
-    flush pass, which evaluates them on the exact checkpoint."""
+    history); with ``FOLD`` their history also folds here after the outputs, the flush pass's
+    product ``S_F = e^{lam_F} S0 + (s ⊙ X)ᵀ B`` over the state read again, and the step is one launch;
+    without it the flush pass folds them. Behind a read copy they are left to the flush pass,
+    which evaluates them on the exact checkpoint."""
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
     valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
+    tl.static_assert((not FOLD) or (READ_FMT == READ_CHECKPOINT), "the fold reads the checkpoint")
     if valid & is_flush & (READ_FMT != READ_CHECKPOINT):   # the flush pass's row (behind a read copy)
         return
     origin = tl.load(origin_ptr + sl)
@@ -444,3 +447,27 @@ def _mamba2_verify_kernel(
     tl.store(rx + tpos[None, :] * P + op[:, None], x_tok, mask=io & active)
     dt_tok = tl.sum(tl.where(e[:, None] == jt[None, :], dt_w[:, None], 0.0), axis=0)        # [TT]
     tl.store(rdt + tpos, dt_tok, mask=tmask & active & (pid_p == 0))
+    if FOLD:
+        if valid & is_flush:
+            # the flush row's history folds, S_F = e^{lam_F} S0 + (s ⊙ X)ᵀ B (F: the last history entry): the
+            # state and the history's x, dt are read again (mostly from L2), so that the fold holds no registers
+            # during the stream above
+            dtp_f = tl.where(hist, _softplus(tl.load(rdt + pos, mask=hist, other=0.0)), 0.0)
+            lam_f = tl.cumsum(tl.load(A + h) * dtp_f, axis=0)                                # [BM]
+            lam_F = tl.sum(tl.where(e == count - 1, lam_f, 0.0), axis=0)
+            x_f = tl.load(rx + pos[None, :] * P + op[:, None], mask=hist[None, :] & pmask[:, None], other=0.0)
+            xs = x_f.to(tl.float32) * tl.where(hist, tl.exp(tl.minimum(lam_F - lam_f, 0.0)) * dtp_f, 0.0)[None, :]
+            ep = tl.load(epoch_ptr + sl)
+            # small chunks, not pipelined: pipelined, the loop's buffers cost the verify without flush rows
+            # shared memory and registers (H200, BENCHMARKS.md v19)
+            FC: tl.constexpr = 16
+            jf = tl.arange(0, FC)
+            for c in tl.range(0, N // FC, num_stages=1):
+                on = c * FC + jf
+                ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
+                fm = pmask[:, None]
+                S0 = tl.load(ck, mask=fm, other=0.0).to(tl.float32)                           # [BP, FC]
+                Bh = tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0)
+                S_F = dot_fp32(xs, Bh.to(tl.float32), tl.exp(lam_F) * S0, False, B_EX, DOT)
+                stored = round_checkpoint(S_F, h * (P * N) + op[:, None] * N + on[None, :], sr_base, ep, CKPT_FMT)
+                tl.store(ck, stored, mask=fm)
