@@ -9,14 +9,14 @@ handling only its rows:
   ``o_t = scale [S0ᵀ(e^{Γ_t} ⊙ q_t) + Σ_{j<=t} ĉ_tj d_j]`` with the d of earlier entries taken from
   the ring's d cache. The new d is cached for later steps' outputs; the state is not written.
 - the flush pass (``_delta_flush_kernel``) folds the committed window into the checkpoint,
-  stores it and its read copy, then, behind a read copy, evaluates a verify's tokens from it (on the
-  checkpoint the verify kernel evaluates the flush rows' tokens too, before the fold). With the checkpoint as
-  the read format the cached d are the recurrence's own and the history folds as one product;
-  behind an fp8 / NVFP4 read copy the window replays step by step from the raw inputs (k, v, g,
-  beta; loads pipelined across entries), so the copy's rounding never reaches the checkpoint.
-A decode on the checkpoint is one launch instead: the decode kernel also folds its flush rows
-(``FOLD``; ``_fold_rows``), since an early-exit flush launch cost about a fifth of
-the decode pass at batch 256. Cursors are only read. Derivation: README.md beside this file; reference: reference.py.
+  stores it and its read copy, then, behind a read copy, evaluates a verify's tokens from it. With
+  the checkpoint as the read format the cached d are the recurrence's own and the history folds as
+  one product; behind an fp8 / NVFP4 read copy the window replays step by step from the raw inputs
+  (k, v, g, beta; loads pipelined across entries), so the copy's rounding never reaches the checkpoint.
+A step on the checkpoint is one launch instead: the decode kernel also folds its flush rows
+(``FOLD``; ``_fold_rows``), since an early-exit flush launch cost about a fifth of the decode pass
+at batch 256, and the verify kernel evaluates its flush rows and (``FOLD``, unless the tile says
+``fold=False``: then the flush pass folds them) folds their history. Cursors are only read. Derivation: README.md beside this file; reference: reference.py.
 """
 
 from __future__ import annotations

@@ -2,13 +2,14 @@
 
 A step is two launches, one program per (P-tile, head, row) each (the flush pass: per P-tile,
 head and one of ``RP`` programs that share the step's flush rows), every launch handling only its
-rows (a decode on the checkpoint is one launch: the decode kernel folds its flush rows too):
+rows (a step on the checkpoint is one launch: the decode or verify kernel folds its flush rows too):
 the non-flush pass (``_mamba2_decode_kernel`` for T = 1, ``_mamba2_verify_kernel``
 for T > 1) streams the checkpoint or its read copy once and writes outputs and ring entries
 only; the flush pass (``_mamba2_flush_kernel``) streams the checkpoint in chunks, folds the
 window into each chunk (``e^{lam_F} S0 + (s * x)^T B``, one ``tl.dot``), stores it, evaluates the
-step's outputs from it and re-derives the read copy (a verify on the checkpoint evaluates its flush
-rows in the verify kernel, and the flush pass only folds). Cursors are only read.
+step's outputs from it and re-derives the read copy (a verify on the checkpoint with a tile of
+``fold=False`` evaluates its flush rows in the verify kernel, and the flush pass only folds). Cursors
+are only read.
 Derivation: README.md beside this file; reference: reference.py.
 """
 
