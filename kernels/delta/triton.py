@@ -15,8 +15,9 @@ handling only its rows:
   (k, v, g, beta; loads pipelined across entries), so the copy's rounding never reaches the checkpoint.
 A step on the checkpoint is one launch instead: the decode kernel also folds its flush rows
 (``FOLD``; ``_fold_rows``), since an early-exit flush launch cost about a fifth of the decode pass
-at batch 256, and the verify kernel evaluates its flush rows and (``FOLD``, unless the tile says
-``fold=False``: then the flush pass folds them) folds their history. Cursors are only read. Derivation: README.md beside this file; reference: reference.py.
+at batch 256, and the verify kernel evaluates its flush rows and folds their history (``FOLD``,
+``_fold_rows`` without a token; with a tile of ``fold=False`` the flush pass folds them). Cursors
+are only read. Derivation: README.md beside this file; reference: reference.py.
 """
 
 from __future__ import annotations
@@ -212,12 +213,13 @@ def _delta_flush_kernel(
 @triton.jit
 def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top, ov, vmask, h, sr_base, ep,
               K: tl.constexpr, V: tl.constexpr, NF: tl.constexpr, STAGES: tl.constexpr,
-              PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, DOT: tl.constexpr):
-    """The decode kernel's fold of one flush row's ``[K, BV]`` checkpoint tile (``ck``: its head),
-    streamed in ``NF``-channel chunks: ``S = e^{Γ} S0 + Wᵀ D + k dᵀ`` over the history entries
-    (``hist``, ring positions ``pos``; their d ``d_h [BM, BV]``) and this token (``k_tok``,
-    ``g_tok``, ``d_t``), rounded and stored. A scalar gate arrives as ``dec = e^{Γ - Γ_j}`` and
-    ``top = e^{Γ}``; per-channel gates are re-read from the ring chunk by chunk."""
+              PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, DOT: tl.constexpr, TOKEN: tl.constexpr):
+    """The fold of one flush row's ``[K, BV]`` checkpoint tile (``ck``: its head), streamed in
+    ``NF``-channel chunks: ``S = e^{Γ} S0 + Wᵀ D (+ k dᵀ)`` over the history entries (``hist``, ring
+    positions ``pos``; their d ``d_h [BM, BV]``) and, with ``TOKEN`` (a decode), this token
+    (``k_tok``, ``g_tok``, ``d_t``; a verify's tokens stay in the ring), rounded and stored. A scalar
+    gate arrives as ``dec = e^{Γ - Γ_j}`` and ``top = e^{Γ}``; per-channel gates are re-read from the
+    ring chunk by chunk."""
     jc = tl.arange(0, NF)
     # A scalar gate over 16-bit ring keys: the decay moves onto D, so that the keys are exact tf32 operands
     # (dot_fp32: two tf32 products per piece against tf32x3's three)
@@ -229,10 +231,11 @@ def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top
         ptr = ck + okc[:, None] * c_k + ov[None, :] * c_v
         s0 = tl.load(ptr, mask=vmask[None, :], other=0.0).to(tl.float32)                          # [NF, BV]
         kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0).to(tl.float32)  # [BM, NF]
-        kc = tl.load(k_tok + okc).to(tl.float32)                                                   # [NF]
         if PER_CHANNEL:
             g_hc = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0)
-            gt_c = tl.sum(g_hc, axis=0) + tl.load(g_tok + okc).to(tl.float32)
+            gt_c = tl.sum(g_hc, axis=0)
+            if TOKEN:
+                gt_c += tl.load(g_tok + okc).to(tl.float32)
             w = tl.where(hist[:, None], tl.exp(tl.minimum(gt_c[None, :] - tl.cumsum(g_hc, axis=0), 0.0)), 0.0) * kh
             s = s0 * tl.exp(gt_c)[:, None]
             s = tl.dot(tl.trans(w), d_h, acc=s, input_precision=DOT)
@@ -240,7 +243,8 @@ def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top
             s = dot_fp32(tl.trans(kh), dd, s0 * top, True, False, DOT)
         else:
             s = tl.dot(tl.trans(kh * dec[:, None]), d_h, acc=s0 * top, input_precision=DOT)
-        s += kc[:, None] * d_t[None, :]
+        if TOKEN:
+            s += tl.load(k_tok + okc).to(tl.float32)[:, None] * d_t[None, :]
         index = h * (K * V) + okc[:, None] * V + ov[None, :]
         tl.store(ptr, round_checkpoint(s, index, sr_base, ep, CKPT_FMT), mask=vmask[None, :])
 
@@ -450,7 +454,7 @@ def _delta_decode_kernel(
             _fold_rows(ckpt + sl * c_s + h * c_h, c_k, c_v, rk, rg, pos, hist, k + i * k_r + hk * k_h,
                       g + i * g_r + h * g_h, d_h, d_t, hist if PER_CHANNEL else dec, 1.0 if PER_CHANNEL else top,
                       ov, vmask, h, sr_base, tl.load(epoch_ptr + sl),
-                      K, V, NF, FST, PER_CHANNEL, CKPT_FMT, DOT)
+                      K, V, NF, FST, PER_CHANNEL, CKPT_FMT, DOT, True)
     tl.store(out + i * o_r + h * o_h + ov, tl.where(valid, o, 0.0).to(out.dtype.element_ty),
              mask=vmask & (active | ~valid))
     tl.store(rd + tok * V + ov, d_t, mask=vmask & active)
@@ -647,32 +651,19 @@ def _delta_verify_kernel(
         tl.store(rg + tpos, g_tok, mask=tmask & active & (pid_v == 0))
     if FOLD:
         if valid & is_flush:
-            # the flush row's history folds, S = e^{Γ_e} S0 + Wᵀ D_hist: the state, the history's d and gates
-            # are read again (mostly from L2), so that the fold holds no registers during the stream above
-            ep = tl.load(epoch_ptr + sl)
-            d_f = tl.load(rd + pos[None, :] * V + ov[:, None], mask=hist[None, :] & vmask[:, None],
-                          other=0.0)                                                          # [BV, BM]
-            if not PER_CHANNEL:
+            # the flush row's history folds (the decode's fold without a token): the history's d and gates are read
+            # again, and the state in small chunks, not pipelined (mostly from L2), so that the fold holds no
+            # registers during the stream above (pipelined, its buffers cost the verify without flush rows shared
+            # memory and registers: H200, BENCHMARKS.md v19)
+            d_f = tl.load(rd + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :],
+                          other=0.0)                                                          # [BM, BV]
+            if PER_CHANNEL:
+                dec_f, top_f = hist, 1.0                                                      # re-read per chunk
+            else:
                 g_f = tl.load(rg + pos, mask=hist, other=0.0)                                 # [BM]
                 g_e = tl.sum(g_f, axis=0)                                                     # the history's Γ_e
-                w_fold = tl.exp(g_e - tl.cumsum(g_f, axis=0))                                 # [BM] e^{Γ_e - Γ_j}
-            # small chunks, not pipelined: pipelined, the loop's buffers cost the verify without flush rows
-            # shared memory and registers (H200, BENCHMARKS.md v19)
-            FC: tl.constexpr = 16
-            jf = tl.arange(0, FC)
-            for c in tl.range(0, K // FC, num_stages=1):
-                okc = c * FC + jf
-                ck = ckpt + sl * c_s + h * c_h + okc[None, :] * c_k + ov[:, None] * c_v
-                fm = vmask[:, None]
-                S0 = tl.load(ck, mask=fm, other=0.0).to(tl.float32)                           # [BV, FC]
-                kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None],
-                             other=0.0).to(tl.float32)                                        # [BM, FC]
-                if PER_CHANNEL:
-                    gh = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0)
-                    g_e = tl.sum(gh, axis=0)                                                  # [FC]
-                    S_e = dot_fp32(d_f, kh * tl.exp(g_e[None, :] - tl.cumsum(gh, axis=0)), S0 * tl.exp(g_e)[None, :],
-                                   False, False, DOT)
-                else:
-                    S_e = dot_fp32(d_f, kh * w_fold[:, None], S0 * tl.exp(g_e), False, False, DOT)
-                stored = round_checkpoint(S_e, h * (K * V) + okc[None, :] * V + ov[:, None], sr_base, ep, CKPT_FMT)
-                tl.store(ck, stored, mask=fm)
+                dec_f, top_f = tl.where(hist, tl.exp(g_e - tl.cumsum(g_f, axis=0)), 0.0), tl.exp(g_e)
+            no_token = tl.zeros([BV], dtype=tl.float32)                                     # TOKEN=False
+            _fold_rows(ckpt + sl * c_s + h * c_h, c_k, c_v, rk, rg, pos, hist, k, g, d_f, no_token, dec_f, top_f,
+                       ov, vmask, h, sr_base, tl.load(epoch_ptr + sl), K, V, 16, 1, PER_CHANNEL, CKPT_FMT, DOT,
+                       False)

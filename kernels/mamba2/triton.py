@@ -29,6 +29,27 @@ def _softplus(x):
     return tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
 
 
+@triton.jit
+def _fold_chunks(ck, c_p, c_n, xs, decay, rB, pos, hist, B_tok, tok_e, op, pmask, h, sr_base, ep,
+                 P: tl.constexpr, N: tl.constexpr, NF: tl.constexpr, STAGES: tl.constexpr, CKPT_FMT: tl.constexpr,
+                 B_EX: tl.constexpr, DOT: tl.constexpr, TOKEN: tl.constexpr):
+    """The fold of one flush row's ``[BP, N]`` checkpoint tile (``ck``: its head) in ``NF``-column
+    chunks: ``S_F = decay S0 + xs B`` with ``xs [BP, BM]`` (x weighted by ``s``) and the window's B
+    rows: the history's from the ring (``hist``, ring positions ``pos``) and, with ``TOKEN`` (a
+    decode), this token's (``B_tok``) at window entry ``tok_e``; rounded and stored."""
+    jf = tl.arange(0, NF)
+    for c in tl.range(0, N // NF, num_stages=STAGES):
+        on = c * NF + jf
+        ptr = ck + op[:, None] * c_p + on[None, :] * c_n
+        S0 = tl.load(ptr, mask=pmask[:, None], other=0.0).to(tl.float32)                          # [BP, NF]
+        B_w = tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0).to(tl.float32)  # [BM, NF]
+        if TOKEN:
+            B_w = tl.where(tok_e[:, None], tl.load(B_tok + on).to(tl.float32)[None, :], B_w)
+        S_F = dot_fp32(xs, B_w, decay * S0, False, B_EX, DOT)
+        tl.store(ptr, round_checkpoint(S_F, h * (P * N) + op[:, None] * N + on[None, :], sr_base, ep, CKPT_FMT),
+                 mask=pmask[:, None])
+
+
 @triton.jit(do_not_specialize=["n"])   # one compile for every batch (and PTX for TensorRT)
 def _mamba2_flush_kernel(
     ckpt, c_s, c_h, c_p, c_n,                  # [S, H, P, N] checkpoint (any strides)
@@ -307,20 +328,11 @@ def _mamba2_decode_kernel(
             xs = tl.trans(tl.where((e == count)[:, None], xt[None, :], xh.to(tl.float32)) * s_w[:, None])  # [BP, BM]
             decay = tl.exp(lam_t)
             ep = tl.load(epoch_ptr + sl)
-            jf = tl.arange(0, NF)
             # 16-bit ring and token B are exact tf32 operands: two tf32 products per piece (dot_fp32)
             B_EX: tl.constexpr = (rB.dtype.element_ty.primitive_bitwidth == 16
                                   and B.dtype.element_ty.primitive_bitwidth == 16)
-            for c in tl.range(0, N // NF, num_stages=FST):
-                on = c * NF + jf
-                ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
-                S0 = tl.load(ck, mask=pmask[:, None], other=0.0).to(tl.float32)                      # [BP, NF]
-                B_w = tl.where((e == count)[:, None], tl.load(B + i * b_r + g * b_g + on).to(tl.float32)[None, :],
-                               tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None],
-                                       other=0.0).to(tl.float32))                                      # [BM, NF]
-                S_F = dot_fp32(xs, B_w, decay * S0, False, B_EX, DOT)
-                tl.store(ck, round_checkpoint(S_F, h * (P * N) + op[:, None] * N + on[None, :], sr_base, ep,
-                                              CKPT_FMT), mask=pmask[:, None])
+            _fold_chunks(ckpt + sl * c_s + h * c_h, c_p, c_n, xs, decay, rB, pos, hist, B + i * b_r + g * b_g,
+                         e == count, op, pmask, h, sr_base, ep, P, N, NF, FST, CKPT_FMT, B_EX, DOT, True)
 
 
 @triton.jit
@@ -458,17 +470,7 @@ def _mamba2_verify_kernel(
             lam_F = tl.sum(tl.where(e == count - 1, lam_f, 0.0), axis=0)
             x_f = tl.load(rx + pos[None, :] * P + op[:, None], mask=hist[None, :] & pmask[:, None], other=0.0)
             xs = x_f.to(tl.float32) * tl.where(hist, tl.exp(tl.minimum(lam_F - lam_f, 0.0)) * dtp_f, 0.0)[None, :]
-            ep = tl.load(epoch_ptr + sl)
             # small chunks, not pipelined: pipelined, the loop's buffers cost the verify without flush rows
             # shared memory and registers (H200, BENCHMARKS.md v19)
-            FC: tl.constexpr = 16
-            jf = tl.arange(0, FC)
-            for c in tl.range(0, N // FC, num_stages=1):
-                on = c * FC + jf
-                ck = ckpt + sl * c_s + h * c_h + op[:, None] * c_p + on[None, :] * c_n
-                fm = pmask[:, None]
-                S0 = tl.load(ck, mask=fm, other=0.0).to(tl.float32)                           # [BP, FC]
-                Bh = tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0)
-                S_F = dot_fp32(xs, Bh.to(tl.float32), tl.exp(lam_F) * S0, False, B_EX, DOT)
-                stored = round_checkpoint(S_F, h * (P * N) + op[:, None] * N + on[None, :], sr_base, ep, CKPT_FMT)
-                tl.store(ck, stored, mask=fm)
+            _fold_chunks(ckpt + sl * c_s + h * c_h, c_p, c_n, xs, tl.exp(lam_F), rB, pos, hist, B, hist, op, pmask, h,
+                         sr_base, tl.load(epoch_ptr + sl), P, N, 16, 1, CKPT_FMT, B_EX, DOT, False)
