@@ -24,8 +24,8 @@ candidate (the candidates must agree):
   r mod 16), on the checkpoint and behind an NVFP4 read copy: the verify's flush pass (on the
   checkpoint only with a verify tile of fold=False);
 - verify_fold: the same verify on the checkpoint, and one without flush rows, over the verify tiles:
-  the tile in use (its flush rows fold in the verify kernel), the same with fold=False (the flush
-  pass folds them), then the verify candidates.
+  the tile in use, the same with its fold flipped (fold=True: the verify kernel folds its flush
+  rows; fold=False: the flush pass does), then the verify candidates.
 A step with flush rows is timed without moving the cursors, so every call folds the same window
 into the checkpoint again: there the candidates' outputs drift apart with the number of calls timed,
 and the max |dy| column holds that drift too (the kernel tests check the tiles' results).
@@ -194,7 +194,8 @@ def sweep(name, batch, kinds, pick=None, q_dtype=None):
                                          .get(kind, kind))
         key = "verify" if kind == "verify_fold" else kind                   # the ops.TILES entry swept
         if kind == "verify_fold":
-            candidates = [saved["verify"], dict(saved["verify"], fold=False)] + candidates
+            flipped = dict(saved["verify"], fold=not saved["verify"].get("fold", True))
+            candidates = [saved["verify"], flipped] + candidates
         if candidates is None:                   # flush_replay and the _vk kinds are the delta families'
             continue
         columns = SETUPS[kind]

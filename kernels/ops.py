@@ -100,9 +100,10 @@ TILES = {
             "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
             "read": dict(rows=128, num_warps=2, chunk=16, stages=3, acc=True),
             "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-            # fold=False: KDA's verify leaves its flush rows' fold to the flush pass (folded in the verify kernel, with
-            # its per-channel gates, the verify took more time with flush rows and without: BENCHMARKS.md v19)
-            "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3", fold=False),
+            # the verify folds its flush rows (unpipelined, through the decode's _fold_rows; H200, T = 8, batch 256, us,
+            # no flush / all / half the rows flushing): 653.9 / 1119.9 / 901.8 against the flush pass folding
+            # (fold=False) 636.6 / 1261.8 / 957.2 (BENCHMARKS.md v20; with the pipelined loop of v19 it lost)
+            "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
             "verify_read": dict(rows=128, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }
 # codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
