@@ -195,7 +195,7 @@ class Layer:
                 ops.delta_step(pool.checkpoint[0], *read, ring["k"], ring["v"], ring["g"], ring["beta"], ring["d"],
                                cur["count"][0], cur["origin"][0], cur["epoch"][0], self.slots, inp["q"], inp["k"],
                                inp["v"], inp["g"], inp["beta"], out, spec.head_k_dim ** -0.5, cfg.window, committed,
-                               **fmt)
+                               **fmt, q_scale=inp.get("q_scale"))
             if advance:
                 ops.advance(cur["count"][0], cur["origin"][0], cur["pending"][0], cur["epoch"][0], self.slots, T,
                             cfg.window, cfg.capacity, committed)
@@ -384,6 +384,11 @@ def bench_verify(name, spec, batch, peers):
             layer.set_fill(WINDOW - 1 - T)
             record(name, batch, f"ours verify T={T} (no flush, q fp32 as the adapters pass it)", timed(fn), nbytes,
                    T=T)
+            # the same queries in bf16 with the inverse norm as q_scale (exact tf32 operands again)
+            q_scale = torch.rsqrt(inp["q"].float().square().sum(-1) + 1e-6)
+            fn, _ = layer.step_fn(dict(inp, q_scale=q_scale), committed=False)
+            layer.set_fill(WINDOW - 1 - T)
+            record(name, batch, f"ours verify T={T} (no flush, q bf16 + q_scale)", timed(fn), nbytes, T=T)
         st = layer.state0
         del layer
         if spec.family == "mamba2":

@@ -66,7 +66,9 @@ def decode(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tenso
         inputs: Mamba-2 ``x [n, H, P]``, ``dt [n, H]`` (raw), ``A [H]``, ``B, C [n, G, N]``,
             ``D [H]``, ``dt_bias [H]``, ``z [n, H, P]`` (last three optional); GDN/KDA
             ``q, k [n, HK, K]``, ``v [n, HV, V]``, ``g [n, HV]`` (GDN) or ``[n, HV, K]`` (KDA),
-            ``beta [n, HV]``, ``scale`` (default ``K ** -0.5``). x, B / k, v in the ring dtype.
+            ``beta [n, HV]``, ``scale`` (default ``K ** -0.5``), ``q_scale [n, HK]`` fp32 (optional: a
+            factor per token and key head on q, e.g. the reciprocal of a host's L2 norm, so that q
+            can stay in 16 bits). x, B / k, v in the ring dtype.
     Returns:
         ``y [n, H, P]`` (Mamba-2) or ``o [n, HV, V]`` (GDN/KDA), in the dtype of x / v.
     """

@@ -104,7 +104,8 @@ def _step_rows(pool, layer: int, host_rows: torch.Tensor, inputs: dict, committe
         win, _ = _window_inputs(pool, layer, rows, width, new)
         k, gam = dref.delta_window(win["k"], win["g"], spec.num_v_heads, spec.head_k_dim)
         d = dref.delta_window_d(S0, k, win["v"], win["beta"], gam)
-        q = dref.expand_heads(inputs["q"].movedim(1, 2).float(), spec.num_v_heads, 1)
+        q = inputs["q"].float() if inputs["q_scale"] is None else inputs["q"].float() * inputs["q_scale"][..., None]
+        q = dref.expand_heads(q.movedim(1, 2), spec.num_v_heads, 1)
         y = dref.delta_window_outputs(S0, k, d, gam, q, inputs["scale"]).movedim(2, 1)
         if bool(flush.any()):
             S_new = dref.delta_window_fold(S0[flush], k[flush], d[flush], gam[flush], upto)

@@ -7,7 +7,7 @@ import torch
 from .spec import LayerSpec, ReplayConfig
 
 MAMBA2_INPUTS = ("x", "dt", "A", "B", "C", "D", "dt_bias", "z")
-DELTA_INPUTS = ("q", "k", "v", "g", "beta", "scale")
+DELTA_INPUTS = ("q", "k", "v", "g", "beta", "scale", "q_scale")
 LAYER_INPUTS = ("A", "D", "dt_bias", "scale")  # per layer, no row axis
 
 
@@ -61,6 +61,9 @@ def check_inputs(spec: LayerSpec, cfg: ReplayConfig, n: int, T: int | None, devi
         g_shape = lead + ((HV,) if spec.family == "gdn" else (HV, K))
         check_tensor("g", inputs["g"], g_shape, device)
         check_tensor("beta", inputs["beta"], lead + (HV,), device)
+        out.setdefault("q_scale", None)
+        if out["q_scale"] is not None:
+            check_tensor("q_scale", out["q_scale"], lead + (HK,), device, torch.float32)
         scale = out.get("scale")
         if scale is None:
             out["scale"] = K ** -0.5

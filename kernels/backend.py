@@ -42,7 +42,7 @@ def step(pool, layer: int, slots: torch.Tensor, host: torch.Tensor, inputs: dict
     else:
         ops.delta_step(pool.checkpoint[layer], *read, ring["k"], ring["v"], ring["g"], ring["beta"], ring["d"], count,
                        origin, epoch, slots, inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], out,
-                       float(inputs["scale"]), cfg.window, committed, **fmt)
+                       float(inputs["scale"]), cfg.window, committed, **fmt, q_scale=inputs["q_scale"])
         T = inputs["v"].shape[1]
     cur = pool.cursors
     ops.advance(cur["count"][layer], cur["origin"][layer], cur["pending"][layer], cur["epoch"][layer], slots, T,

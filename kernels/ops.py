@@ -350,7 +350,8 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
                origin: torch.Tensor,
                epoch: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, scale: float, window: int, committed: bool,
-               checkpoint_format: int, read_format: int, sr_base: int) -> list[Launch]:
+               checkpoint_format: int, read_format: int, sr_base: int,
+               q_scale: Optional[torch.Tensor] = None) -> list[Launch]:
     """Validated launches of one GDN / KDA step (non-flush pass, flush pass; a decode on the
     checkpoint is one launch); see ``delta_step``."""
     S, HV, K, V = checkpoint.shape
@@ -369,13 +370,18 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     _require("g", g, (n, T, HV, K) if per_channel else (n, T, HV))
     _require("beta", beta, (n, T, HV))
     _require("out", out, (n, T, HV, V))
+    if q_scale is not None:
+        _require("q_scale", q_scale, (n, T, HK), torch.float32)
+    # without q_scale the kernels' factor pointer receives ring_beta (never read)
+    qs, qs_strides = (q_scale, q_scale.stride()) if q_scale is not None else (ring_beta, (0, 0, 0))
     codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_beta)
     BM = _history_block(C_cap, window, T)
     const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BM=BM, COMMITTED=committed, PER_CHANNEL=per_channel,
-                 CKPT_FMT=checkpoint_format, READ_FMT=read_format, **_read_consts(read_format, K))
+                 HAS_QS=q_scale is not None, CKPT_FMT=checkpoint_format, READ_FMT=read_format,
+                 **_read_consts(read_format, K))
     args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,
-            epoch, slots, q, *q.stride()[:3], k, *k.stride()[:3], v, *v.stride()[:3], g, *g.stride()[:3], beta,
-            *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
+            epoch, slots, q, *q.stride()[:3], qs, *qs_strides, k, *k.stride()[:3], v, *v.stride()[:3], g,
+            *g.stride()[:3], beta, *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
     return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV, z), n, args + [n] if fp else args, {**c, "BV": BV},
                    nw, fp)
             for kernel, BV, z, c, nw, fp in _passes("kda" if per_channel else "delta", T, K, V,
@@ -392,7 +398,7 @@ def delta_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
                origin: torch.Tensor,
                epoch: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, scale: float, window: int, committed: bool,
-               checkpoint_format: int, read_format: int, sr_base: int) -> None:
+               checkpoint_format: int, read_format: int, sr_base: int, q_scale: Optional[torch.Tensor] = None) -> None:
     """Gated DeltaNet (g ``[n, T, HV]``) or KDA (g ``[n, T, HV, K]``) replay step; buffers updated in place.
 
     | Name        | Shape                       | Dtype          | Dir   |
@@ -407,20 +413,24 @@ def delta_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     | count, origin, epoch | [S + 1]            | int32          | in    |
     | slots       | [n]                         | int64 (-1 pad) | in    |
     | q, k        | [n, T, HK, K]               | float / ring   | in    |
+    | q_scale     | [n, T, HK] (optional)       | fp32           | in    |
     | v           | [n, T, HV, V]               | ring dtype     | in    |
     | g, beta     | [n, T, HV(, K)], [n, T, HV] | float          | in    |
     | out         | [n, T, HV, V]               | v dtype        | out   |
 
-    The cursors are not moved here: call ``advance`` after the step.
+    ``q_scale``: a factor per token and key head on q (outputs are linear in q), e.g. the inverse
+    of a host's L2 norm, so that q can arrive in 16 bits, which the verify's tensor-core products take
+    in fewer passes. The cursors are not moved here: call ``advance`` after the step.
     """
     launch(delta_plan(checkpoint, read_codes, read_block_scale, read_row_scale, ring_k, ring_v, ring_g, ring_beta,
         ring_d, count, origin, epoch, slots, q, k, v, g, beta, out, scale, window, committed, checkpoint_format,
-        read_format, sr_base))
+        read_format, sr_base, q_scale))
 
 
 @delta_step.register_fake
 def _(checkpoint, read_codes, read_block_scale, read_row_scale, ring_k, ring_v, ring_g, ring_beta, ring_d, count,
-      origin, epoch, slots, q, k, v, g, beta, out, scale, window, committed, checkpoint_format, read_format, sr_base):
+      origin, epoch, slots, q, k, v, g, beta, out, scale, window, committed, checkpoint_format, read_format, sr_base,
+      q_scale=None):
     return None
 
 

@@ -378,6 +378,47 @@ def test_decode_tiles_of_several_chunks(monkeypatch, family, layout, read_format
         assert rms_ratio(tri.read_state(0, st), ref.read_state(0, sr)) < 1e-5
 
 
+@pytest.mark.parametrize("read_format", ["checkpoint", "nvfp4"])
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_q_scale_equals_a_scaled_q(family, read_format):
+    """A factor per token and key head on 16-bit q (``q_scale``, here a host's inverse L2 norm)
+    gives the outputs of the scaled q in fp32, through decodes and verifies with flush rows in
+    every pass (decode, verify, flush; read copy or not); the reference takes it alike. Rings,
+    cursors and checkpoints evolve identically (q enters outputs only)."""
+    spec = SPECS[family]
+    cfg = rs.ReplayConfig(window=4, max_draft_tokens=3, read_format=read_format)
+    n, S = 3, 5
+    pools = {k: rs.StatePool(spec, cfg, num_layers=1, num_slots=S, device=DEVICE, backend=b)
+             for k, b in (("scaled", "triton"), ("factor", "triton"), ("reference", "reference"))}
+    slots = {k: p.alloc(n) for k, p in pools.items()}
+    gen = torch.Generator().manual_seed(21)
+    params = Params(spec, 1, gen)
+    for step in range(3 * cfg.window):
+        T = 1 + step % 4 if step % 2 else None
+        inp = make_inputs(spec, params, 0, n, T, gen, device=DEVICE)
+        q16 = (inp["q"] * 3.0).to(torch.bfloat16)
+        q_scale = torch.rsqrt(q16.float().square().sum(-1) + 1e-6)
+        fn = rs.decode if T is None else rs.verify
+        shape = (n, spec.num_v_heads, spec.head_v_dim) if T is None else (n, T, spec.num_v_heads, spec.head_v_dim)
+        ys = {k: fn(p, 0, slots[k], out=torch.full(shape, float("nan"), device=DEVICE),
+                    **(dict(inp, q=q16.float() * q_scale[..., None]) if k == "scaled"
+                       else dict(inp, q=q16, q_scale=q_scale)))
+              for k, p in pools.items()}
+        assert torch.isfinite(ys["factor"]).all(), "kernel left outputs unwritten"
+        assert rms_ratio(ys["factor"], ys["scaled"]) < 1e-5, step
+        assert rms_ratio(ys["factor"], ys["reference"]) < _pair_tol(cfg), step       # decodes read verified d too
+        if T is not None:
+            acc = torch.randint(1, T + 1, (n,), generator=gen)
+            for k, p in pools.items():
+                p.commit(slots[k], acc)
+    for name in pools["scaled"].cursors:
+        assert torch.equal(pools["scaled"].cursors[name], pools["factor"].cursors[name]), name
+    for name in pools["scaled"].ring:
+        if name != "d":
+            assert torch.equal(pools["scaled"].ring[name], pools["factor"].ring[name]), name
+    assert torch.equal(pools["scaled"].checkpoint, pools["factor"].checkpoint)
+
+
 @pytest.mark.parametrize("family,read_format,drafts,verify_fold", [
     ("mamba2", "nvfp4", 0, None), ("gdn", "fp8", 0, None), ("kda", "nvfp4", 0, None),
     *[(f, "checkpoint", 2, fold) for f in ("mamba2", "gdn", "kda") for fold in (True, False)]])

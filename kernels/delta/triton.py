@@ -39,6 +39,7 @@ def _delta_flush_kernel(
     count_ptr, origin_ptr, epoch_ptr,          # [S + 1] int32
     slots,                                     # [n] int64, -1 = padded row
     q, q_r, q_t, q_h,                          # [n, T, HK, K]
+    qs, qs_r, qs_t, qs_h,                      # [n, T, HK] fp32 factors on q (HAS_QS)
     k, k_r, k_t, k_h,                          # [n, T, HK, K]
     v, v_r, v_t, v_h,                          # [n, T, HV, V]
     g, g_r, g_t, g_h,                          # [n, T, HV] or [n, T, HV, K]
@@ -47,7 +48,7 @@ def _delta_flush_kernel(
     scale, window, capacity, sr_base, n,       # n: the step's rows
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
-    PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, HAS_QS: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr, RP: tl.constexpr,
     RB: tl.constexpr,
 ):
@@ -141,7 +142,7 @@ def _delta_flush_kernel(
                 S += kj[:, None] * dj[None, :]
             if COMMITTED:
                 qj = tl.load(q + i * q_r + hk * q_h + ok).to(tl.float32)
-                o = scale * tl.sum(S * qj[:, None], axis=0)
+                o = scale * q_factor(qs + i * qs_r + hk * qs_h, HAS_QS) * tl.sum(S * qj[:, None], axis=0)
                 tl.store(out + i * o_r + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
                 tl.store(rd + ((origin + n_fold - 1) % capacity) * V + ov, dj, mask=vmask)
             ep = tl.load(epoch_ptr + sl)
@@ -190,7 +191,8 @@ def _delta_flush_kernel(
                     u += tl.sum(tl.where(before, ck_, 0.0)[:, None] * d_w, axis=0)
                     dt_ = bt * (vt - u)
                     d_w = tl.where((e == t)[:, None], dt_[None, :], d_w)
-                    o = scale * (r + tl.sum(cq[:, None] * d_w, axis=0))
+                    o = (scale * q_factor(qs + i * qs_r + t * qs_t + hk * qs_h, HAS_QS)
+                         * (r + tl.sum(cq[:, None] * d_w, axis=0)))
                     tl.store(out + i * o_r + t * o_t + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
                     tl.store(rd + ((origin + count + t) % capacity) * V + ov, dt_, mask=vmask)
 
@@ -208,6 +210,15 @@ def _delta_flush_kernel(
                     if h % (HV // HK) == 0:
                         tl.store(rk + p * K + ok, tl.load(k + i * k_r + t * k_t + hk * k_h + ok))
         base += nf
+
+
+@triton.jit
+def q_factor(ptr, HAS_QS: tl.constexpr):
+    """The factor on a token's q (``q_scale``, e.g. a host's inverse L2 norm), or 1."""
+    if HAS_QS:
+        return tl.load(ptr)
+    else:
+        return 1.0
 
 
 @triton.jit
@@ -257,6 +268,7 @@ def _delta_decode_kernel(
     count_ptr, origin_ptr, epoch_ptr,
     slots,
     q, q_r, q_t, q_h,
+    qs, qs_r, qs_t, qs_h,
     k, k_r, k_t, k_h,
     v, v_r, v_t, v_h,
     g, g_r, g_t, g_h,
@@ -265,7 +277,7 @@ def _delta_decode_kernel(
     scale, window, capacity, sr_base,
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
-    PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, HAS_QS: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, RC_PW: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr,
     ACC: tl.constexpr, FOLD: tl.constexpr, NF: tl.constexpr, DOT: tl.constexpr, FST: tl.constexpr,
 ):
@@ -448,7 +460,8 @@ def _delta_decode_kernel(
         u = u * top
         r = r * top
     d_t = bt * (v_raw.to(tl.float32) - u - tl.sum(ck_[:, None] * d_h, axis=0))
-    o = scale * (r + tl.sum(cq[:, None] * d_h, axis=0) + tl.sum(kq, axis=0) * d_t)
+    o = scale * q_factor(qs + i * qs_r + hk * qs_h, HAS_QS) * (r + tl.sum(cq[:, None] * d_h, axis=0)
+                                                              + tl.sum(kq, axis=0) * d_t)
     if FOLD:
         if valid & is_flush:
             _fold_rows(ckpt + sl * c_s + h * c_h, c_k, c_v, rk, rg, pos, hist, k + i * k_r + hk * k_h,
@@ -472,6 +485,7 @@ def _delta_verify_kernel(
     count_ptr, origin_ptr, epoch_ptr,
     slots,
     q, q_r, q_t, q_h,
+    qs, qs_r, qs_t, qs_h,
     k, k_r, k_t, k_h,
     v, v_r, v_t, v_h,
     g, g_r, g_t, g_h,
@@ -480,7 +494,7 @@ def _delta_verify_kernel(
     scale, window, capacity, sr_base,
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
-    PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, HAS_QS: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, RC_PW: tl.constexpr, NC: tl.constexpr, NWP: tl.constexpr,
     STAGES: tl.constexpr, TT: tl.constexpr,
     DOT: tl.constexpr, FOLD: tl.constexpr,
@@ -641,7 +655,10 @@ def _delta_verify_kernel(
         Dt = tl.where(col, d_t[:, None], Dt)
         # token t's term in every output (no tl.dot over TT: its K dimension would be T padded)
         O += d_t[:, None] * tl.sum(tl.where((tt == t)[:, None], NQ, 0.0), axis=0)[None, :]
-    O *= scale
+    if HAS_QS:
+        O *= scale * tl.load(qs + i * qs_r + tt * qs_t + hk * qs_h, mask=tmask, other=0.0)[None, :]
+    else:
+        O *= scale
     tl.store(out + i * o_r + tt[None, :] * o_t + h * o_h + ov[:, None], tl.where(valid, O, 0.0).to(out.dtype.element_ty),
              mask=io & (active | ~valid))
     tl.store(rd + tpos[None, :] * V + ov[:, None], Dt, mask=io & active)
