@@ -84,7 +84,10 @@ def step_oracle(spec: rs.LayerSpec, state: torch.Tensor, inputs: dict):
         return mamba2_step_ref(state, inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"],
                                inputs.get("D"), inputs.get("dt_bias"), inputs.get("z"))
     scale = inputs.get("scale") or spec.head_k_dim ** -0.5
-    return delta_step_ref(state, inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], scale)
+    q = inputs["q"].to(state.dtype)
+    if inputs.get("q_scale") is not None:
+        q = q * inputs["q_scale"].to(state.dtype)[..., None]
+    return delta_step_ref(state, q, inputs["k"], inputs["v"], inputs["g"], inputs["beta"], scale)
 
 
 def chain_oracle(spec: rs.LayerSpec, state: torch.Tensor, inputs: dict, n: int, T: int, scale: float):

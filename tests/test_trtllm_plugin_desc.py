@@ -116,7 +116,7 @@ def _ops_plan(spec, cfg, t, committed, layer):
                                None, t["out"], cfg.window, committed, **fmt)
     return ops.delta_plan(t["checkpoint"], *read, t["ring_k"], t["ring_v"], t["ring_g"], t["ring_beta"], t["ring_d"],
                           t["count"], t["origin"], t["epoch"], t["slots"], t["q"], t["k"], t["v"], t["g"], t["beta"],
-                          t["out"], spec.head_k_dim ** -0.5, cfg.window, committed, **fmt)
+                          t["out"], spec.head_k_dim ** -0.5, cfg.window, committed, **fmt, q_scale=t["q_scale"])
 
 
 @pytest.mark.parametrize("family,op,rf", CASES, ids=["-".join(c) for c in CASES])
@@ -232,8 +232,8 @@ def test_compiled_kernels_match_launches():
         # (int32 extra args), the new output
         tensors = [a["name"] for a in m["args"] if a["type"].startswith("*")]
         new = ["out"] if p is step else []
-        # the checkpoint's last stride is 1: Triton's JIT compiles it in, so the plugin does
-        scalars = [a["name"] for a in m["args"] if not a["type"].startswith("*") and a["name"] != "c_v"]
+        # the checkpoint's and q_scale's last strides are 1: Triton's JIT compiles them in, so the plugin does
+        scalars = [a["name"] for a in m["args"] if not a["type"].startswith("*") and a["name"] not in ("c_v", "qs_h")]
         assert p["params"] == [t for t in tensors if t not in new] + scalars + new
     assert adv["name"] == "_advance_kernel" and adv["entry"] == 1
     assert adv["params"] == ["count_ptr", "origin_ptr", "pending_ptr", "epoch_ptr", "slots", "n", "num_slots",

@@ -48,7 +48,7 @@ def test_add_step_names_missing_tensors():
     with pytest.raises(ValueError, match=r"tensors: missing \['pending', 'ring_d'\]"):
         plugins.add_step(object(), {"checkpoint": object()} | {k: object() for k in
                          ("read_codes", "read_block_scale", "read_row_scale", "ring_k", "ring_v", "ring_g", "ring_beta",
-                          "count", "origin", "epoch", "slots", "q", "k", "v", "g", "beta")},
+                          "count", "origin", "epoch", "slots", "q", "q_scale", "k", "v", "g", "beta")},
                          SPECS["gdn"], CFG, op="decode", tokens=1)
 
 

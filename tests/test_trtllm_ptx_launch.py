@@ -52,8 +52,8 @@ def test_ptx_in_tensorrt_order_equals_ops(family, rf, ckpt, tmp_path):
         inp = make_inputs(spec, params, 0, n, T, gen, torch.bfloat16, device=dev)
         if spec.family == "mamba2":
             inp["A"], inp["D"], inp["dt_bias"] = (inp[k].float() for k in ("A", "D", "dt_bias"))
-        else:  # the plugin's q is fp32 (aot.step_buffers: hosts L2-normalise it in fp32)
-            inp["q"] = inp["q"].float()
+        else:  # the plugin's q stays bf16 with the inverse of its norm as q_scale (aot.step_buffers)
+            inp["q_scale"] = torch.rsqrt(inp["q"].float().square().sum(-1) + 1e-6)
         fresh = {"slots": slots, **{k: v for k, v in inp.items() if k in bufs_spec},
                  "out": torch.full([aot._dim(d, n, S) for d in bufs_spec["out"][0]], float("nan"),
                                    dtype=torch.bfloat16, device=dev)}

@@ -22,8 +22,15 @@ from . import pool as replay_pool
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """SGLang's in-kernel q / k normalisation, ``x / sqrt(sum x^2 + 1e-6)`` in fp32 (for k, which enters the ring)."""
     x = x.float()
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def _inverse_norm(x: torch.Tensor) -> torch.Tensor:
+    """``q_scale`` of SGLang's q normalisation, ``1 / sqrt(sum x^2 + 1e-6)`` in fp32 ``[..., HK]``: q reaches the
+    kernels in its own 16 bits (exact tensor-core operands for the verify) and the factor applies to outputs."""
+    return torch.rsqrt(x.float().square().sum(-1) + 1e-6)
 
 
 def _unpack_qkv(spec, mixed_qkv: torch.Tensor, num_v_heads: int, head_v_dim: int, kwargs: dict):
@@ -75,7 +82,7 @@ def replay_packed_decode(kernel, mixed_qkv: torch.Tensor, a: torch.Tensor, b: to
     beta = torch.sigmoid(b.float()).to(b.dtype).float()
     out = torch.empty(v.shape, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
     replayssm.decode(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=_l2norm(q), k=_l2norm(k).to(owner.replay.cfg.torch_ring_dtype), v=v,
+                     q=q, q_scale=_inverse_norm(q), k=_l2norm(k).to(owner.replay.cfg.torch_ring_dtype), v=v,
                      g=g, beta=beta, scale=scale)
     return out.unsqueeze(0)
 
@@ -118,7 +125,7 @@ def replay_target_verify(kernel, A_log: torch.Tensor, dt_bias: torch.Tensor, q: 
     beta = torch.sigmoid(b.float())
     out = torch.empty(n, T, HV, V, dtype=v.dtype, device=v.device)
     replayssm.verify(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=_l2norm(q[0].unflatten(0, (n, T))),
+                     q=q[0].unflatten(0, (n, T)), q_scale=_inverse_norm(q[0].unflatten(0, (n, T))),
                      k=_l2norm(k[0].unflatten(0, (n, T))).to(owner.replay.cfg.torch_ring_dtype),
                      v=v[0].unflatten(0, (n, T)), g=g.view(n, T, HV), beta=beta.view(n, T, HV),
                      scale=kwargs.get("scale") or K ** -0.5)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import replayssm
 
 from . import pool as replay_pool
-from .gdn import _l2norm, _unpack_qkv
+from .gdn import _inverse_norm, _l2norm, _unpack_qkv
 
 
 def _owner(ssm_states: torch.Tensor):
@@ -59,7 +59,7 @@ def _step(ssm_states, q, k, v, a, b, A_log, dt_bias, lower_bound, scale, cache_i
     slots = replay_pool._slots(owner.replay, cache_indices)
     out = torch.empty(n, spec.num_v_heads, spec.head_v_dim, dtype=v.dtype, device=v.device)
     replayssm.decode(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=_l2norm(q),
+                     q=q, q_scale=_inverse_norm(q),
                      k=_l2norm(k).to(owner.replay.cfg.torch_ring_dtype), v=v, g=g, beta=beta,
                      scale=scale if scale is not None else spec.head_k_dim ** -0.5)
     return out.unsqueeze(0)
@@ -152,7 +152,7 @@ def replay_target_verify(kernel, A_log: torch.Tensor, dt_bias: torch.Tensor, q: 
     out = torch.empty(n, T, HV, V, dtype=v.dtype, device=v.device)
     scale = kwargs.get("scale")
     replayssm.verify(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=_l2norm(q[0].unflatten(0, (n, T))),
+                     q=q[0].unflatten(0, (n, T)), q_scale=_inverse_norm(q[0].unflatten(0, (n, T))),
                      k=_l2norm(k[0].unflatten(0, (n, T))).to(owner.replay.cfg.torch_ring_dtype),
                      v=v[0].unflatten(0, (n, T)), g=g.view(n, T, HV, K), beta=beta.view(n, T, HV),
                      scale=scale if scale is not None else K ** -0.5)

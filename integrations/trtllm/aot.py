@@ -100,9 +100,10 @@ def step_buffers(spec, cfg, tokens: int, *, has_z: bool = True, state_layout: st
         return bufs
     HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
     g = (*lead, HV, K) if spec.family == "kda" else (*lead, HV)
-    # q in fp32: the hosts L2-normalise it in fp32 before the op (SGLang and transformers adapters)
-    bufs.update(q=((*lead, HK, K), f32), k=((*lead, HK, K), act), v=((*lead, HV, V), act), g=(g, f32),
-                beta=((*lead, HV), f32), out=((*lead, HV, V), act))
+    # q in the ring dtype with q_scale, the inverse of its L2 norm in fp32 (the host's normalisation as a
+    # factor on the outputs, as the SGLang adapters pass it)
+    bufs.update(q=((*lead, HK, K), act), q_scale=((*lead, HK), f32), k=((*lead, HK, K), act), v=((*lead, HV, V), act),
+                g=(g, f32), beta=((*lead, HV), f32), out=((*lead, HV, V), act))
     return bufs
 
 
@@ -129,7 +130,7 @@ def step_plan(spec, cfg, tensors: dict, *, committed: bool, layer: int = 0, stat
                                t["D"], t["dt_bias"], t.get("z"), t["out"], cfg.window, committed, **fmt)
     return ops.delta_plan(t["checkpoint"], *read, t["ring_k"], t["ring_v"], t["ring_g"], t["ring_beta"], t["ring_d"],
                           t["count"], t["origin"], t["epoch"], t["slots"], t["q"], t["k"], t["v"], t["g"], t["beta"],
-                          t["out"], spec.head_k_dim ** -0.5, cfg.window, committed, **fmt)
+                          t["out"], spec.head_k_dim ** -0.5, cfg.window, committed, **fmt, q_scale=t["q_scale"])
 
 
 def model_config(model: str, tokens: int, read_format: str, checkpoint_dtype: str, window: int,

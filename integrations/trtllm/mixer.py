@@ -151,7 +151,8 @@ def replay_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta, so
             here as TRT-LLM's kernel forms it: ``g = -exp(A_log) softplus(a + dt_bias)`` (softplus
             with ``softplus_beta``, linear above ``softplus_threshold``), ``beta = sigmoid(b)``.
         q, k: ``[1, N, HK, K]``; v: ``[1, N, HV, V]`` (one token per request); q and k are
-            L2-normalized (``x / (||x|| + 1e-6)``) when ``use_qk_l2norm_in_kernel``.
+            L2-normalized (``x / (||x|| + 1e-6)``) when ``use_qk_l2norm_in_kernel``: k before the
+            ring, q as ``q_scale`` (q stays in its dtype, the factor applies to the outputs).
         initial_state_source: the layer's ``temporal`` of a registered ReplayMambaStates.
         initial_state_indices: TRT-LLM's slots ``[N]``; its shared padding slots are padded rows.
         scale: default ``K ** -0.5``. cu_seqlens: ``[N + 1]`` (one token per request, not read).
@@ -167,15 +168,15 @@ def replay_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta, so
         raise ValueError(f"cu_seqlens: expected one token per request, [N + 1] = [{n + 1}], got "
                          f"{list(cu_seqlens.shape)}")
     act = states.pool.cfg.torch_ring_dtype
-    qf, kf = q[0].float(), k[0].float()
+    kf, q_scale = k[0].float(), None
     if use_qk_l2norm_in_kernel:
-        qf = qf / (qf.norm(dim=-1, keepdim=True) + 1e-6)
+        q_scale = 1.0 / (q[0].float().norm(dim=-1) + 1e-6)
         kf = kf / (kf.norm(dim=-1, keepdim=True) + 1e-6)
     g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias.float(), beta=softplus_beta,
                                                              threshold=softplus_threshold)
     out = None if output is None else output[0]
-    y = states.decode(layer, initial_state_indices, out=out, q=qf, k=kf.to(act), v=v[0].to(act), g=g,
-                      beta=torch.sigmoid(b.float()), scale=scale)
+    y = states.decode(layer, initial_state_indices, out=out, q=q[0], q_scale=q_scale, k=kf.to(act), v=v[0].to(act),
+                      g=g, beta=torch.sigmoid(b.float()), scale=scale)
     return y.unsqueeze(0) if output is None else output
 
 

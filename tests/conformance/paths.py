@@ -421,7 +421,9 @@ def _transformers_call(case: Case, module, fn_name: str, handle, inp: dict, veri
                   dt_softplus=True, z=inp["z"])
     group = case.spec.num_v_heads // case.spec.num_k_heads
     tok = (lambda t: t) if verify else (lambda t: t[:, None])  # noqa: E731
-    q, k = (tok(inp[n]).repeat_interleave(group, dim=2) for n in ("q", "k"))
+    # transformers' models hand the routed function q normalised (the vectors' q times its q_scale)
+    normed = dict(inp, q=inp["q"].float() * inp["q_scale"][..., None])
+    q, k = (tok(normed[n]).repeat_interleave(group, dim=2) for n in ("q", "k"))
     o, _ = fn(q, k, tok(inp["v"]), tok(inp["g"]), tok(inp["beta"]), initial_state=handle,
               output_final_state=False, use_qk_l2norm_in_kernel=False)
     return o if verify else o[:, 0]

@@ -100,9 +100,15 @@ class Case:
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """q / k normalisation of SGLang's linear-attention kernels, in fp32: ``x / sqrt(sum x^2 + 1e-6)``."""
+    """k normalisation of SGLang's linear-attention kernels, in fp32: ``x / sqrt(sum x^2 + 1e-6)``."""
     x = x.float()
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def inverse_norm(x: torch.Tensor) -> torch.Tensor:
+    """q's ``q_scale`` as the SGLang adapters form it: ``1 / sqrt(sum x^2 + 1e-6)`` in fp32 (q itself
+    stays in its dtype)."""
+    return torch.rsqrt(x.float().square().sum(-1) + 1e-6)
 
 
 def _mamba2_inputs(spec, params, lead, gen, dtype) -> dict:
@@ -120,7 +126,7 @@ def _delta_inputs(spec, lead, gen, dtype) -> tuple[dict, dict]:
                # softplus(a) in ~[0.005, 0.2]: long memory, never zero decay
                a=torch.randn(*lead, *gate, generator=gen) * 0.5 - 3.5, b=torch.randn(*lead, HV, generator=gen))
     # the adapter's gating with A_log = dt_bias = 0: -exp(0) * softplus(a + 0), sigmoid(b)
-    inputs = dict(q=l2norm(raw["q"]), k=l2norm(raw["k"]).to(dtype), v=raw["v"],
+    inputs = dict(q=raw["q"], q_scale=inverse_norm(raw["q"]), k=l2norm(raw["k"]).to(dtype), v=raw["v"],
                   g=-1.0 * F.softplus(raw["a"].float() + 0.0, threshold=20.0), beta=torch.sigmoid(raw["b"].float()),
                   scale=spec.head_k_dim ** -0.5)
     return inputs, raw
