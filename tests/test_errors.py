@@ -56,6 +56,9 @@ def test_gdn_spec_and_config():
     ("gdn", "beta", torch.zeros(2, 4, dtype=torch.int32), TypeError, "beta: expected a floating-point"),
     ("gdn", "k", [[0.0]], TypeError, "k: expected a torch.Tensor"),
     ("gdn", "scale", -1.0, ValueError, "scale: expected a positive float"),
+    ("gdn", "q_scale", torch.ones(2, 4), ValueError, r"q_scale: expected shape \[2, 2\]"),
+    ("kda", "q_scale", torch.ones(2, 2, dtype=torch.float16), TypeError, "q_scale: expected dtype torch.float32"),
+    ("mamba2", "q_scale", torch.ones(2, 2), TypeError, "q_scale: not an input of a mamba2 layer"),
 ])
 def test_decode_inputs(family, name, bad, exc, match):
     pool, slots = _pool(family)
