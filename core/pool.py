@@ -119,14 +119,28 @@ class StatePool:
         if (host < 0).any():
             raise ValueError("slots: fork takes no padded rows (-1)")
         child = self.alloc(host.numel())
-        src, dst = host.to(self.device), child
-        self.checkpoint[:, dst] = self.checkpoint[:, src]
-        for buf in (*self.read.values(), *self.ring.values()):
-            buf[:, dst] = buf[:, src]
-        for cur in self.cursors.values():
-            cur[:, dst] = cur[:, src]
-        self.pending[:, child.cpu()] = self.pending[:, host]
+        self.copy(host, child)
         return child
+
+    def copy(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Make allocated slots ``dst`` copies of ``src`` (checkpoint, read copy, ring, cursors and an
+        uncommitted verify, every layer), row by row; ``src`` is unchanged.
+
+        Args:
+            src, dst: int ``[n]`` distinct slots each, no padded rows; ``dst`` disjoint from ``src``.
+        """
+        src_host, dst_host = self._slots(src), self._slots(dst)
+        if src_host.numel() != dst_host.numel():
+            raise ValueError(f"dst: expected as many slots as src ({src_host.numel()}), got {dst_host.numel()}")
+        if (src_host < 0).any() or (dst_host < 0).any():
+            raise ValueError("src, dst: copy takes no padded rows (-1)")
+        if bool(torch.isin(dst_host, src_host).any()):
+            raise ValueError("dst: expected slots none of which is in src")
+        s, d = src_host.to(self.device), dst_host.to(self.device)
+        self.checkpoint[:, d] = self.checkpoint[:, s]
+        for buf in (*self.read.values(), *self.ring.values(), *self.cursors.values()):
+            buf[:, d] = buf[:, s]
+        self.pending[:, dst_host] = self.pending[:, src_host]
 
     def write_state(self, layer: int, slots: torch.Tensor, state: torch.Tensor) -> None:
         """Set the checkpoint of ``slots`` to ``state`` (fp32, canonical layout) and empty the ring."""

@@ -87,6 +87,19 @@ def test_slots_layer_out_and_T():
         pool.write_state(0, slots, torch.zeros(2, 4, 5, 16))
 
 
+def test_copy_refusals():
+    pool, slots = _pool("gdn")
+    other = pool.alloc(2)
+    with pytest.raises(ValueError, match="dst: expected as many slots as src"):
+        pool.copy(slots, other[:1])
+    with pytest.raises(ValueError, match=r"src, dst: copy takes no padded rows \(-1\)"):
+        pool.copy(torch.tensor([-1]), other[:1])
+    with pytest.raises(ValueError, match="dst: expected slots none of which is in src"):
+        pool.copy(slots, slots.flip(0))
+    with pytest.raises(ValueError, match="slots: expected distinct slot indices"):
+        pool.copy(slots, other[[0, 0]])
+
+
 def test_commit_rules():
     pool, slots = _pool("mamba2")
     with pytest.raises(ValueError, match="slots: a slot has no uncommitted verify"):

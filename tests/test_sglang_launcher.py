@@ -64,10 +64,14 @@ def test_dry_run_extra_buffer(environ, capsys, gpu_platform):
                                                      "--linear-attn-verify-backend", "triton"]
 
 
-def test_extra_buffer_with_speculative_decoding_is_refused(environ, gpu_platform):
-    with pytest.raises(SystemExit, match="--mamba-radix-cache-strategy: extra_buffer with speculative decoding"):
-        launch_server.main(["--replay-ssm", "--dry-run"] + MODEL + SPEC + ["--mamba-radix-cache-strategy",
-                                                                          "extra_buffer"])
+def test_dry_run_extra_buffer_with_speculative_decoding(environ, capsys, gpu_platform):
+    """Replay's commit moves SGLang's track slots too (``mamba2.commit_after_verify``)."""
+    strategy = ["--mamba-radix-cache-strategy", "extra_buffer"]
+    out = _dry_run(capsys, ["--replay-ssm"] + MODEL + SPEC + strategy)
+    assert out["replay"]["max_draft_tokens"] == 3
+    assert out["sglang_args"] == MODEL + SPEC + strategy + [
+        "--mamba-ssm-dtype", "float32", "--disable-overlap-schedule", "--disable-cuda-graph",
+        "--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend", "triton"]
 
 
 def test_replay_off_passes_everything_through(environ, capsys):

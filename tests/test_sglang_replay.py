@@ -362,8 +362,72 @@ def test_commit_after_verify_through_sglangs_backend(server_args):
             assert run.req_pool.mamba_pool.replay.pending[:, slots.cpu()].eq(0).all()   # the host mirror
         assert run.state_error(slots) < TOL["float32"]
         run.assert_ring_matches_twin()
-        with pytest.raises(RuntimeError, match="mamba_track_indices: replayssm serves"):
-            backend.update_mamba_state_after_mtp_verify(steps, slots, steps, model=None)
+    finally:
+        hooks.uninstall()
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_commit_after_verify_moves_the_track_slots(server_args, backend):
+    """extra_buffer under speculative decoding: a tracked row's track slot takes the whole state at
+    the verify step SGLang names (``mamba_steps_to_track``), flushed (count 0: the tree takes the
+    checkpoint), and that step's conv window; the rows commit as without tracking; a track slot of
+    an untracked row (-1) is left alone. The standalone twin runs copy, commit and flush alike (on the
+    Triton backend SGLang's commit runs them with ``checked=False``)."""
+    from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
+    cfg = rs.ReplayConfig(window=4, ring_dtype="float32")
+    hooks.install(cfg, backend=backend)
+    try:
+        gen = torch.Generator().manual_seed(6)
+        run = Run(_req_pool(draft_tokens=3), cfg, gen)
+        attn, _ = _backends(run.req_pool, server_args)
+        mp = run.req_pool.mamba_pool
+        assert mp.replay.backend == backend
+        slots, track = run.req_pool.mamba_allocator.alloc(2), run.req_pool.mamba_allocator.alloc(2)
+        run.clear(torch.cat((slots, track)))
+        run.prefill(torch.cat((slots, track)))
+        caches = run.req_pool.get_speculative_mamba2_params_all_layers()
+        for accepted, to_track in (([3, 2], [1, -1]), ([2, 3], [-1, 2]), ([1, 3], [0, 0])):
+            run.decode(slots)
+            err, kept = run.verify(slots, 3)
+            assert err < TOL["float32"], err
+            for w in caches.intermediate_conv_window:
+                w.copy_(torch.randn(w.shape, generator=gen))
+            windows = [w.clone() for w in caches.intermediate_conv_window]
+            before = mp.mamba_cache.temporal[:, track].clone(), [c[:, track].clone() for c in caches.conv]
+            want = {}                                               # (layer, row) -> state after step + 1 tokens
+            for layer, inp in enumerate(kept):
+                for i, s in enumerate(slots.tolist()):
+                    S = run.oracle[layer, s][None]
+                    for t in range(to_track[i] + 1):
+                        _, S = step_oracle(SPEC, S, f64(token({k: (v if k in ("A", "D", "dt_bias") else v[i:i + 1])
+                                                               for k, v in inp.items()}, t)))
+                    want[layer, i] = S[0]
+            attn.linear_attn_backend.forward_metadata = ForwardMetadata(
+                query_start_loc=torch.arange(3, dtype=torch.int32) * 3, mamba_cache_indices=slots.to(torch.int32))
+            attn.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, track.to(torch.int32),
+                                                        torch.tensor(to_track), model=None)
+            rows = torch.tensor(to_track).ge(0).nonzero().flatten()
+            if rows.numel():
+                run.twin.copy(slots[rows], track[rows])
+                run.twin.commit(track[rows], torch.tensor(to_track)[rows] + 1)
+                run.twin.flush(track[rows])
+            run.twin.commit(slots, torch.tensor(accepted))
+            run.accept_oracle(slots, torch.tensor(accepted), kept)
+            for i, d in enumerate(track.tolist()):
+                if to_track[i] < 0:
+                    assert torch.equal(mp.mamba_cache.temporal[:, d], before[0][:, i])
+                    assert all(torch.equal(c[:, d], b[:, i]) for c, b in zip(caches.conv, before[1]))
+                    continue
+                assert mp.replay.cursors["count"][:, d].eq(0).all()
+                for layer in range(len(LAYERS)):
+                    assert rms_ratio(mp.mamba_cache.temporal[layer, d], want[layer, i]) < TOL["float32"]
+                for conv, new in zip(caches.conv, windows):
+                    assert torch.equal(conv[:, d], new[:, i, to_track[i]])
+        assert run.state_error(slots) < TOL["float32"]
+        run.assert_ring_matches_twin()
+        with pytest.raises(ValueError, match="mamba_steps_to_track: expected it exactly with mamba_track_indices"):
+            attn.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, track.to(torch.int32), None,
+                                                        model=None)
     finally:
         hooks.uninstall()
 

@@ -88,7 +88,8 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
     @functools.wraps(commit)
     def update_mamba_state_after_mtp_verify(self, last_correct_step_indices, mamba_track_indices,
                                             mamba_steps_to_track, model, req_pool_indices=None):
-        if not mamba2.commit_after_verify(self, last_correct_step_indices, mamba_track_indices, req_pool_indices):
+        if not mamba2.commit_after_verify(self, last_correct_step_indices, mamba_track_indices, mamba_steps_to_track,
+                                          req_pool_indices):
             commit(self, last_correct_step_indices, mamba_track_indices, mamba_steps_to_track, model,
                    req_pool_indices)
 

@@ -112,9 +112,6 @@ def check_server_args(server_args) -> None:
         value = getattr(server_args, field)
         if value != fine:
             raise SystemExit(f"{flag}: not served with --replay-ssm ({why}); got {value!r}")
-    if server_args.mamba_radix_cache_strategy == "extra_buffer" and server_args.speculative_algorithm is not None:
-        raise SystemExit("--mamba-radix-cache-strategy: extra_buffer with speculative decoding is not served with "
-                         "--replay-ssm (replay's commit does not move SGLang's track slots); use no_buffer")
 
 
 def main(argv: list[str] | None = None) -> None:

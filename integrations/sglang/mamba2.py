@@ -70,14 +70,20 @@ def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias
 
 
 def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_track_indices,
-                        req_pool_indices=None) -> bool:
+                        mamba_steps_to_track=None, req_pool_indices=None) -> bool:
     """Replay's commit in place of SGLang's ``intermediate_ssm`` scatter; False when the pool is not replay.
 
     ``backend`` is SGLang's ``HybridLinearAttnBackend``; ``last_correct_step_indices`` int ``[bs]``
     (accepted tokens - 1, the bonus token counted). The conv windows (and SGLang's per-slot side
     states) roll back as in SGLang; the ssm side keeps the first ``last_correct_step_indices + 1``
-    verified tokens of every layer by moving the cursors (``StatePool.commit``). extra_buffer
-    tracking (``mamba_track_indices``) is refused: its track slots would need ring and cursor copies.
+    verified tokens of every layer by moving the cursors (``StatePool.commit``).
+
+    extra_buffer: ``mamba_track_indices`` (virtual track slots ``[bs]``) and ``mamba_steps_to_track``
+    (``[bs]``, the verify step whose state a row's track slot takes, -1 for none). A tracked row's
+    slot is copied into its track slot with the verify still pending (``StatePool.copy``), the copy
+    keeps the first ``step + 1`` tokens (commit) and is flushed, so the track slot holds the whole
+    state at that token, as SGLang's scatter of ``intermediate_ssm[row, step]`` would; its conv
+    window is SGLang's scatter. Reads the steps on the host (a synchronization on a GPU).
     """
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
 
@@ -86,9 +92,8 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_
     owner = req_pool.mamba_pool
     if not hasattr(owner, "replay"):
         return False
-    if mamba_track_indices is not None:
-        raise RuntimeError("mamba_track_indices: replayssm serves extra_buffer without speculative decoding only "
-                           "(a verify's track slots would need the ring and cursors); use no_buffer")
+    if (mamba_track_indices is None) != (mamba_steps_to_track is None):
+        raise ValueError("mamba_steps_to_track: expected it exactly with mamba_track_indices (extra_buffer)")
     n = last_correct_step_indices.shape[0]
     src_rows = None
     if hlab.pp_spec_stable_rows_enabled() and req_pool_indices is not None:
@@ -97,13 +102,26 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_
     else:
         slots = linear.forward_metadata.mamba_cache_indices[:n]
     caches = req_pool.get_speculative_mamba2_params_all_layers()
+    pool, ck = owner.replay, replay_pool.checked(owner.replay)
+    scatters, track_args = [(slots, last_correct_step_indices)], (None, None)
+    if mamba_track_indices is not None:
+        track = linear._translate_mamba_indices(mamba_track_indices)
+        track_args = (track, mamba_steps_to_track)
+        scatters.append(track_args)
+        steps = mamba_steps_to_track[:n].cpu().to(torch.int64)
+        rows = (steps >= 0).nonzero().flatten()
+        if rows.numel():
+            dst = replay_pool._slots(pool, track[:n].cpu()[rows])
+            pool.copy(replay_pool._slots(pool, slots[:n].cpu()[rows]), dst)
+            pool.commit(dst, (steps[rows] + 1).to(pool.device), checked=ck)
+            pool.flush(dst, checked=ck)
     for conv, window in zip(caches.conv, caches.intermediate_conv_window):
-        if conv.is_cuda:
-            hlab.fused_conv_window_scatter_with_mask(conv, window, slots, last_correct_step_indices, src_rows)
-        else:
-            hlab.HybridLinearAttnBackend._scatter_speculative_state_with_mask(
-                conv, window, slots, last_correct_step_indices, src_rows)
-    backend._update_ple_state_after_mtp_verify(slots, last_correct_step_indices, None, None, src_rows)
-    owner.replay.commit(replay_pool._slots(owner.replay, slots), last_correct_step_indices + 1,
-                        checked=replay_pool.checked(owner.replay))
+        for dst_slots, dst_steps in scatters:
+            if conv.is_cuda:
+                hlab.fused_conv_window_scatter_with_mask(conv, window, dst_slots, dst_steps, src_rows)
+            else:
+                hlab.HybridLinearAttnBackend._scatter_speculative_state_with_mask(
+                    conv, window, dst_slots, dst_steps, src_rows)
+    backend._update_ple_state_after_mtp_verify(slots, last_correct_step_indices, *track_args, src_rows)
+    pool.commit(replay_pool._slots(pool, slots), last_correct_step_indices + 1, checked=ck)
     return True
