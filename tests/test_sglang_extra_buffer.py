@@ -4,7 +4,8 @@ the decode track indices from ``set_mamba_track_indices_from_reqs``, the track c
 (``track_mamba_states_all_layers``), the result processor's track bookkeeping
 (``SchedulerBatchResultProcessor._mamba_prefix_cache_update``), the finished request's track slot
 donated to ``UnifiedRadixCache``, a match with copy-on-write into a new request, decode on, free.
-Checked against the fp64 step recurrence.
+With speculative decoding: verifies committed through SGLang's ``commit_mamba_states_after_verify``,
+whose interval-crossing step moves the track slot. Checked against the fp64 step recurrence.
 
 SGLang resolves ``--mamba-radix-cache-strategy extra_buffer`` only on GPU platforms; on the CPU the
 test replaces that one platform predicate (``mamba_hook._platform_supports_mamba_cache_extra_buffer``)
@@ -23,9 +24,9 @@ import torch
 pytest.importorskip("sglang")
 
 from conftest import DEVICE, TINY_NEMOTRON_H  # noqa: E402
-from helpers import TOL, rms_ratio  # noqa: E402
+from helpers import TOL, f64, rms_ratio, step_oracle, token  # noqa: E402
 from test_sglang_radix import _admit, _forward_prep  # noqa: E402
-from test_sglang_replay import LAYERS, Run, _cache_params  # noqa: E402
+from test_sglang_replay import LAYERS, SPEC, Run, _cache_params  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("test_device")
 INTERVAL = 8                        # --mamba-track-interval (the tiny model's chunk size is 8 too)
@@ -48,7 +49,7 @@ def extra_buffer_args(server_args, tmp_path, monkeypatch):
     set_global_server_args_for_scheduler(server_args)
 
 
-def _pools():
+def _pools(draft_tokens=None):
     from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
@@ -57,7 +58,8 @@ def _pools():
 
     req_pool = HybridReqToTokenPool(size=8, mamba_size=10, mamba_spec_state_size=8, max_context_len=64, device=DEVICE,
                                     enable_memory_saver=False, cache_params=_cache_params(), mamba_layer_ids=LAYERS,
-                                    enable_mamba_extra_buffer=True, enable_overlap_schedule=False)
+                                    enable_mamba_extra_buffer=True, enable_overlap_schedule=False,
+                                    speculative_num_draft_tokens=draft_tokens)
     kv = TokenToKVPoolAllocator(size=64, dtype=torch.float32, device=DEVICE, kvcache=None, need_sort=False)
     cache = UnifiedRadixCache(CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=kv,
                                               page_size=1, enable_mamba_extra_buffer=True,
@@ -146,3 +148,64 @@ def test_track_slot_enters_the_tree_and_serves_a_match(extra_buffer_args, replay
     req_pool.free_mamba_cache(b)
     # b's own slot and its track slot (one without the overlap scheduler) come back
     assert req_pool.mamba_allocator.available_size() == free_before + 1 + req_pool.mamba_initial_tracking_slots
+
+
+def test_verify_commits_track_the_interval_crossing_state(extra_buffer_args, replay_on):
+    """extra_buffer with speculative decoding: chains of T = 3 drafts verified and committed through
+    SGLang's ``commit_mamba_states_after_verify``, which picks the step where the accepted tokens
+    cross a track interval (``_verify_commit_step_indices``) and calls the backend's commit (replay's
+    hook): the track slot then holds the whole state at the interval's last token, flushed."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.managers.schedule_batch import set_mamba_track_indices_from_reqs
+    from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
+    from sglang.srt.speculative.spec_utils import commit_mamba_states_after_verify
+    from test_sglang_replay import _backends
+
+    req_pool, cache = _pools(draft_tokens=3)
+    mp = req_pool.mamba_pool
+    run = Run(req_pool, replay_on, torch.Generator().manual_seed(10))
+    model_config = ModelConfig.from_server_args(extra_buffer_args)
+    attn, _ = _backends(req_pool, extra_buffer_args, model_config)
+    worker = SimpleNamespace(model_runner=SimpleNamespace(model_config=model_config, req_to_token_pool=req_pool,
+                                                          attn_backend=attn, model=None))
+    a, _ = _admit(cache, req_pool, "a", list(range(10, 16)))
+    track = int(a.kv.mamba_ping_pong_track_buffer[0])
+    slot = _forward_prep(req_pool, a)
+    run.twin.refresh(slot)
+    run.prefill(slot)
+    seq_len, tracked = 6, []
+    for accepted in (2, 3, 1, 3, 3, 2, 3):
+        err, kept = run.verify(slot, 3)
+        assert err < TOL["fp8"], err
+        crossing = (seq_len + accepted) // INTERVAL * INTERVAL
+        step = crossing - seq_len - 1 if crossing > seq_len else -1     # the verify step at the interval's end
+        want = []
+        for layer, inp in enumerate(kept):
+            S = run.oracle[layer, int(slot[0])][None]
+            for t in range(step + 1):
+                _, S = step_oracle(SPEC, S, f64(token(inp, t)))
+            want.append(S[0])
+        batch = SimpleNamespace(reqs=[a], req_to_token_pool=req_pool, forward_mode=SimpleNamespace(is_idle=lambda: False),
+                                req_pool_indices=torch.tensor([a.kv.req_pool_idx], device=DEVICE),
+                                seq_lens=torch.tensor([seq_len], device=DEVICE), tree_cache=cache)
+        set_mamba_track_indices_from_reqs(batch)
+        assert int(batch.mamba_track_indices[0]) == track
+        attn.linear_attn_backend.forward_metadata = ForwardMetadata(
+            query_start_loc=torch.tensor([0, 3], dtype=torch.int32, device=DEVICE),
+            mamba_cache_indices=slot.to(torch.int32))
+        accept_index = torch.tensor([[t if t < accepted else -1 for t in range(3)]], device=DEVICE)
+        commit_mamba_states_after_verify(worker, batch, torch.tensor([accepted], device=DEVICE), accept_index, 3)
+        if step >= 0:
+            tracked.append(crossing)
+            run.twin.copy(slot, torch.tensor([track], device=DEVICE))
+            run.twin.commit(torch.tensor([track], device=DEVICE), torch.tensor([step + 1]))
+            run.twin.flush(torch.tensor([track], device=DEVICE))
+            assert mp.replay.cursors["count"][:, track].eq(0).all()
+            for layer in range(len(LAYERS)):
+                assert rms_ratio(mp.mamba_cache.temporal[layer, track], want[layer]) < TOL["float32"]
+        run.twin.commit(slot, torch.tensor([accepted]))
+        run.accept_oracle(slot, torch.tensor([accepted]), kept)
+        seq_len += accepted
+    assert tracked == [8, 16] and seq_len == 23
+    assert run.state_error(slot) < TOL["float32"]
+    run.assert_ring_matches_twin()

@@ -319,15 +319,16 @@ def test_verify_and_commit_match_step_recurrence(backend):
         hooks.uninstall()
 
 
-def _backends(req_pool, server_args):
+def _backends(req_pool, server_args, model_config=None):
     """SGLang's real HybridLinearAttnBackend over a real Mamba2AttnBackend. ModelRunner needs a loaded
-    model, so the runner is a namespace with just the fields the backends' constructors read."""
+    model, so the runner is a namespace with just the fields the backends' constructors read (the
+    model config only with extra_buffer, for the chunk size)."""
     from types import SimpleNamespace
 
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend, Mamba2AttnBackend
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     runner = SimpleNamespace(server_args=server_args, device=DEVICE, is_draft_worker=False, req_to_token_pool=req_pool,
-                             token_to_kv_pool=None)
+                             token_to_kv_pool=None, model_config=model_config)
     return HybridLinearAttnBackend(TorchNativeAttnBackend(runner), Mamba2AttnBackend(runner), [0, 2]), runner
 
 
