@@ -145,7 +145,9 @@ def _runner(server_args, req_pool):
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_gdn_verify_and_commit_through_sglangs_backend(server_args, backend):
     """Verify through ``TritonGDNKernel.target_verify`` with the arguments GDNAttnBackend.forward_extend
-    passes, commit through SGLang's real HybridLinearAttnBackend over a real GDNAttnBackend."""
+    passes, commit through SGLang's real HybridLinearAttnBackend over a real GDNAttnBackend, with
+    extra_buffer track slots taking the state at the step SGLang names (``[HV, V, K]`` state: the
+    copy goes through the transposed checkpoint view)."""
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
     from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
     from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
@@ -159,8 +161,8 @@ def test_gdn_verify_and_commit_through_sglangs_backend(server_args, backend):
         backend = HybridLinearAttnBackend(TorchNativeAttnBackend(runner), GDNAttnBackend(runner), [1, 3])
         mp = req_pool.mamba_pool
         assert mp.replay.cfg.max_draft_tokens == 2
-        slots = req_pool.mamba_allocator.alloc(2)
-        mp.clear_slots(slots)
+        slots, track = req_pool.mamba_allocator.alloc(2), req_pool.mamba_allocator.alloc(2)
+        mp.clear_slots(torch.cat((slots, track)))
         A_log = [torch.randn(HV, generator=gen) * 0.5 - 1 for _ in LAYERS]
         dt_bias = [torch.randn(HV, generator=gen) for _ in LAYERS]
         oracle = []
@@ -170,7 +172,7 @@ def test_gdn_verify_and_commit_through_sglangs_backend(server_args, backend):
             replay_pool.after_prefill(req_pool.mamba2_layer_cache(layer_id).temporal, slots)
             oracle.append(state.transpose(-1, -2).double())
         T = 3
-        for accepted in ([2, 3], [3, 1], [1, 2], [3, 3]):
+        for accepted, to_track in (([2, 3], [1, -1]), ([3, 1], [-1, 0]), ([1, 2], [0, 1]), ([3, 3], [-1, -1])):
             candidates = []
             for layer, layer_id in enumerate(LAYERS):
                 mixed = torch.randn(2 * T, 2 * HK * K + HV * V, generator=gen)
@@ -192,7 +194,16 @@ def test_gdn_verify_and_commit_through_sglangs_backend(server_args, backend):
                 candidates.append(states)
             backend.linear_attn_backend.forward_metadata = ForwardMetadata(
                 query_start_loc=torch.arange(3, dtype=torch.int32) * T, mamba_cache_indices=slots.to(torch.int32))
-            backend.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, None, None, model=None)
+            before = [mp.replay.read_state(layer, track) for layer in range(len(LAYERS))]
+            backend.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, track.to(torch.int32),
+                                                        torch.tensor(to_track), model=None)
+            for layer, states in enumerate(candidates):
+                got = mp.replay.read_state(layer, track)
+                for i, step in enumerate(to_track):
+                    want = before[layer][i] if step < 0 else states[step][i]
+                    assert rms_ratio(got[i], want) < TOL["float32"], (layer, i, step)
+            tracked = track[torch.tensor(to_track) >= 0]
+            assert mp.replay.cursors["count"][:, tracked].eq(0).all()          # flushed: the tree takes temporal
             oracle = [accepted_states(states, accepted) for states in candidates]
         for layer in range(len(LAYERS)):
             assert rms_ratio(mp.replay.read_state(layer, slots), oracle[layer]) < TOL["float32"]

@@ -116,7 +116,8 @@ def _runner(server_args, req_pool):
 @pytest.mark.parametrize("backend,lower_bound", [("reference", None), ("triton", -5.0)])
 def test_kda_verify_and_commit_through_sglangs_backend(server_args, backend, lower_bound):
     """Verify through ``TritonKDAKernel.target_verify`` with the arguments KDAAttnBackend's chain verify
-    passes, commit through SGLang's real HybridLinearAttnBackend over a real KDAAttnBackend."""
+    passes, commit through SGLang's real HybridLinearAttnBackend over a real KDAAttnBackend, with
+    extra_buffer track slots taking the state at the step SGLang names."""
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
     from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
     from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
@@ -131,8 +132,8 @@ def test_kda_verify_and_commit_through_sglangs_backend(server_args, backend, low
         mp = req_pool.mamba_pool
         assert mp.replay.cfg.max_draft_tokens == 2 and mp.replay.backend == backend
         assert hybrid.linear_attn_backend._can_run_fused_chain_verify() is False
-        slots = req_pool.mamba_allocator.alloc(2)
-        mp.clear_slots(slots)
+        slots, track = req_pool.mamba_allocator.alloc(2), req_pool.mamba_allocator.alloc(2)
+        mp.clear_slots(torch.cat((slots, track)))
         A_log = [torch.randn(HV, generator=gen) * 0.5 - 1 for _ in LAYERS]
         dt_bias = [torch.randn(HV * D, generator=gen) for _ in LAYERS]
         oracle = []
@@ -142,7 +143,7 @@ def test_kda_verify_and_commit_through_sglangs_backend(server_args, backend, low
             replay_pool.after_prefill(req_pool.mamba2_layer_cache(layer_id).temporal, slots)
             oracle.append(state.transpose(-1, -2).double())
         T = 3
-        for accepted in ([2, 3], [3, 1], [1, 2], [3, 3]):
+        for accepted, to_track in (([2, 3], [1, -1]), ([3, 1], [-1, 0]), ([1, 2], [0, 1]), ([3, 3], [-1, -1])):
             candidates = []
             for layer, layer_id in enumerate(LAYERS):
                 mixed = torch.randn(2 * T, 2 * HK * D + HV * D, generator=gen)
@@ -163,7 +164,15 @@ def test_kda_verify_and_commit_through_sglangs_backend(server_args, backend, low
                 candidates.append(states)
             hybrid.linear_attn_backend.forward_metadata = ForwardMetadata(
                 query_start_loc=torch.arange(3, dtype=torch.int32) * T, mamba_cache_indices=slots.to(torch.int32))
-            hybrid.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, None, None, model=None)
+            before = [mp.replay.read_state(layer, track) for layer in range(len(LAYERS))]
+            hybrid.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, track.to(torch.int32),
+                                                       torch.tensor(to_track), model=None)
+            for layer, states in enumerate(candidates):
+                got = mp.replay.read_state(layer, track)
+                for i, step in enumerate(to_track):
+                    want = before[layer][i] if step < 0 else states[step][i]
+                    assert rms_ratio(got[i], want) < TOL["float32"], (layer, i, step)
+            assert mp.replay.cursors["count"][:, track[torch.tensor(to_track) >= 0]].eq(0).all()
             oracle = [accepted_states(states, accepted) for states in candidates]
         for layer in range(len(LAYERS)):
             assert rms_ratio(mp.replay.read_state(layer, slots), oracle[layer]) < TOL["float32"]
