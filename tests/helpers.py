@@ -175,3 +175,19 @@ class Driver:
     def state_error(self, slots: torch.Tensor) -> float:
         return max(rms_ratio(self.pool.read_state(layer, slots), self._stack(layer, slots))
                    for layer in range(self.pool.num_layers))
+
+
+def commit_with_tracks(hybrid, pool, track: torch.Tensor, accepted: list, to_track: list, states: list) -> None:
+    """A verify's commit through a host backend's ``update_mamba_state_after_mtp_verify`` with
+    extra_buffer track slots (``to_track[i]``: the verify step row i's track slot takes, -1 none),
+    checked on every layer of ``pool`` (a StatePool): a tracked slot holds ``states[layer][step][i]``
+    (``chain_oracle``'s per-token states), flushed; an untracked one is unchanged."""
+    before = [pool.read_state(layer, track) for layer in range(len(states))]
+    hybrid.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, track.to(torch.int32),
+                                               torch.tensor(to_track), model=None)
+    for layer, per_token in enumerate(states):
+        got = pool.read_state(layer, track)
+        for i, step in enumerate(to_track):
+            want = before[layer][i] if step < 0 else per_token[step][i]
+            assert rms_ratio(got[i], want) < TOL["float32"], (layer, i, step)
+    assert pool.cursors["count"][:, track[torch.tensor(to_track) >= 0]].eq(0).all()   # flushed: the tree takes it

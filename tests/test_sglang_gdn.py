@@ -15,7 +15,7 @@ pytest.importorskip("sglang")
 
 import replayssm as rs  # noqa: E402
 from conftest import DEVICE  # noqa: E402
-from helpers import TOL, accepted_states, chain_oracle, rms_ratio, step_oracle  # noqa: E402
+from helpers import TOL, accepted_states, chain_oracle, commit_with_tracks, rms_ratio, step_oracle  # noqa: E402
 from replayssm.integrations.sglang import hooks, pool as replay_pool  # noqa: E402
 
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape  # noqa: E402
@@ -194,16 +194,7 @@ def test_gdn_verify_and_commit_through_sglangs_backend(server_args, backend):
                 candidates.append(states)
             backend.linear_attn_backend.forward_metadata = ForwardMetadata(
                 query_start_loc=torch.arange(3, dtype=torch.int32) * T, mamba_cache_indices=slots.to(torch.int32))
-            before = [mp.replay.read_state(layer, track) for layer in range(len(LAYERS))]
-            backend.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, track.to(torch.int32),
-                                                        torch.tensor(to_track), model=None)
-            for layer, states in enumerate(candidates):
-                got = mp.replay.read_state(layer, track)
-                for i, step in enumerate(to_track):
-                    want = before[layer][i] if step < 0 else states[step][i]
-                    assert rms_ratio(got[i], want) < TOL["float32"], (layer, i, step)
-            tracked = track[torch.tensor(to_track) >= 0]
-            assert mp.replay.cursors["count"][:, tracked].eq(0).all()          # flushed: the tree takes temporal
+            commit_with_tracks(backend, mp.replay, track, accepted, to_track, candidates)
             oracle = [accepted_states(states, accepted) for states in candidates]
         for layer in range(len(LAYERS)):
             assert rms_ratio(mp.replay.read_state(layer, slots), oracle[layer]) < TOL["float32"]

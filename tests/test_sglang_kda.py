@@ -14,7 +14,7 @@ pytest.importorskip("sglang")
 
 import replayssm as rs  # noqa: E402
 from conftest import DEVICE  # noqa: E402
-from helpers import TOL, accepted_states, chain_oracle, rms_ratio, step_oracle  # noqa: E402
+from helpers import TOL, accepted_states, chain_oracle, commit_with_tracks, rms_ratio, step_oracle  # noqa: E402
 from replayssm.integrations.sglang import hooks, pool as replay_pool  # noqa: E402
 
 HK, HV, D = 2, 4, 16                       # Kimi-Linear: K = V = head_dim
@@ -164,15 +164,7 @@ def test_kda_verify_and_commit_through_sglangs_backend(server_args, backend, low
                 candidates.append(states)
             hybrid.linear_attn_backend.forward_metadata = ForwardMetadata(
                 query_start_loc=torch.arange(3, dtype=torch.int32) * T, mamba_cache_indices=slots.to(torch.int32))
-            before = [mp.replay.read_state(layer, track) for layer in range(len(LAYERS))]
-            hybrid.update_mamba_state_after_mtp_verify(torch.tensor(accepted) - 1, track.to(torch.int32),
-                                                       torch.tensor(to_track), model=None)
-            for layer, states in enumerate(candidates):
-                got = mp.replay.read_state(layer, track)
-                for i, step in enumerate(to_track):
-                    want = before[layer][i] if step < 0 else states[step][i]
-                    assert rms_ratio(got[i], want) < TOL["float32"], (layer, i, step)
-            assert mp.replay.cursors["count"][:, track[torch.tensor(to_track) >= 0]].eq(0).all()
+            commit_with_tracks(hybrid, mp.replay, track, accepted, to_track, candidates)
             oracle = [accepted_states(states, accepted) for states in candidates]
         for layer in range(len(LAYERS)):
             assert rms_ratio(mp.replay.read_state(layer, slots), oracle[layer]) < TOL["float32"]
