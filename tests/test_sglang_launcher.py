@@ -74,6 +74,13 @@ def test_dry_run_extra_buffer_with_speculative_decoding(environ, capsys, gpu_pla
         "--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend", "triton"]
 
 
+def test_dry_run_hierarchical_cache(environ, capsys):
+    """HiCache's host tier is served: its backups and loads go through the replay hooks (test_sglang_hicache.py)."""
+    out = _dry_run(capsys, ["--replay-ssm"] + MODEL + ["--enable-hierarchical-cache"])
+    assert out["sglang_args"][:len(MODEL) + 1] == MODEL + ["--enable-hierarchical-cache"]
+    assert out["replay"]["window"] == 16
+
+
 def test_replay_off_passes_everything_through(environ, capsys):
     out = _dry_run(capsys, MODEL + ["--mamba-radix-cache-strategy", "extra_buffer"])
     assert out["replay"] is None and out["env"] == {}
@@ -88,7 +95,6 @@ def test_replay_off_passes_everything_through(environ, capsys):
     (["--mamba-ssm-dtype", "bfloat16"], "--mamba-ssm-dtype: --replay-checkpoint-dtype float32 stores"),
     (["--mamba-radix-cache-strategy", "extra_buffer_lazy"],
      "--mamba-radix-cache-strategy: replayssm serves no_buffer and extra_buffer; got extra_buffer_lazy"),
-    (["--enable-hierarchical-cache"], "--enable-hierarchical-cache: not served with --replay-ssm"),
     (["--disaggregation-mode", "decode"], "--disaggregation-mode: not served with --replay-ssm"),
     (["--enable-mamba-cache-stochastic-rounding"], "--enable-mamba-cache-stochastic-rounding: not served"),
     (["--enable-mixed-chunk"], "--enable-mixed-chunk: not served with --replay-ssm"),

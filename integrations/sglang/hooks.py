@@ -14,6 +14,7 @@
 | ``TritonKDAKernel.packed_decode`` / ``decode`` / ``target_verify`` (``KDAAttnBackend``'s kernel seam) | replay KDA decode / verify |
 | ``kda_fused_decode.covered``, ``KDAAttnBackend._can_run_fused_chain_verify`` / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
 | ``KDAAttnBackend.forward_extend`` | after a prefill (not a verify) wrote ``temporal``, reset those rows' rings and read copy |
+| ``MambaPoolHost.backup_from_device_all_layer`` / ``load_to_device_per_layer`` (HiCache's host tier) | slots flushed before a backup; rings reset and read copy re-derived after each layer's load |
 | ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, and GDN / KDA kernels other than Triton |
 
 ``install`` is idempotent per process; ``uninstall`` restores SGLang's originals.
@@ -63,6 +64,7 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
     from sglang.srt.layers.attention.mamba import mamba as mamba_mod
     from sglang.srt.mem_cache import memory_pool
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
     from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 
     _patch(memory_pool.HybridReqToTokenPool, "mamba_pool_cls", pool.pool_class(cfg, backend))
@@ -144,6 +146,24 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
         return result
 
     _patch(hlab.MambaAttnBackendBase, "_track_mamba_state_extend", _track_mamba_state_extend)
+
+    backup = MambaPoolHost.backup_from_device_all_layer
+
+    @functools.wraps(backup)
+    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, *args, **kwargs):
+        pool.before_host_backup(self, device_indices)
+        return backup(self, device_pool, host_indices, device_indices, *args, **kwargs)
+
+    _patch(MambaPoolHost, "backup_from_device_all_layer", backup_from_device_all_layer)
+    load = MambaPoolHost.load_to_device_per_layer
+
+    @functools.wraps(load)
+    def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, *args, **kwargs):
+        result = load(self, device_pool, host_indices, device_indices, layer_id, *args, **kwargs)
+        pool.after_host_load(self, device_indices, layer_id)
+        return result
+
+    _patch(MambaPoolHost, "load_to_device_per_layer", load_to_device_per_layer)
 
     backend_init = hlab.MambaAttnBackendBase.__init__
 

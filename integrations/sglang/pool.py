@@ -12,6 +12,8 @@ ring, cursors and read copy are the StatePool's and follow every slot event SGLa
 | ``copy_from`` (COW on a radix hit, no_buffer copy for the tree) | source flushed first, destination cursors reset and read copy re-derived |
 | ``get_cpu_copy`` (host tier / transfer) | slots flushed first, so the copy is the whole state |
 | ``load_cpu_copy`` | cursors reset, read copy re-derived |
+| HiCache backup (``MambaPoolHost.backup_from_device_all_layer``, ``before_host_backup``) | slots flushed first, on the transfer stream |
+| HiCache load (``MambaPoolHost.load_to_device_per_layer``, ``after_host_load``) | that layer's cursors reset and read copy re-derived, before the layer's completion event |
 | prefill writing ``temporal`` (``after_prefill``, called by the mixer / backend hook) | cursors of that layer reset, read copy re-derived |
 | a finished request's slot donated to the radix tree (``flush_for_tree``, called by the ``MambaComponent`` hook) | slot flushed first |
 
@@ -289,6 +291,38 @@ def _track_owner(ssm_states: torch.Tensor):
         if found is not None and found[1] == 0 and found[0].mamba_cache.temporal.shape == ssm_states.shape:
             return found[0], None
     return None
+
+
+def _host_tier_layers(host_pool):
+    """``(layer index in host_pool, replay pool, pool layer)`` for each device layer of SGLang's HiCache
+    ``MambaPoolHost`` that belongs to a replay pool (MTP draft layers included when their pool is one)."""
+    for i, state in enumerate(host_pool.temporal_device_layers):
+        found = lookup(state)
+        if found is not None:
+            yield i, found[0], found[1]
+
+
+def before_host_backup(host_pool, device_indices: torch.Tensor) -> None:
+    """HiCache is about to copy ``device_indices`` (int32/int64 ``[n]``, distinct) of every layer to the
+    host: fold their rings into the checkpoints first (in place), so the host holds the whole state.
+
+    A radix-tree slot's ring is already empty (it was flushed when the tree took it), so this is a
+    no-op there; a slot backed up while it decodes (a retracted request) needs it. Runs on the
+    caller's stream (SGLang's device-to-host stream, after its start event)."""
+    for _, owner, layer in _host_tier_layers(host_pool):
+        owner.replay.flush(_slots(owner.replay, device_indices), checked=checked(owner.replay), layer=layer)
+
+
+def after_host_load(host_pool, device_indices: torch.Tensor, layer_id: int) -> None:
+    """HiCache copied layer ``layer_id`` of ``device_indices`` (int32/int64 ``[n]``) from the host into
+    the checkpoint: empty those rows' rings of that layer and re-derive their read copy (in place).
+
+    Runs on SGLang's host-to-device stream before it signals the layer done, so the forward never
+    reads a loaded checkpoint beside the slot's previous ring. Reads the slots on the host (as
+    every ``refresh`` does): one synchronization per loaded layer."""
+    for i, owner, layer in _host_tier_layers(host_pool):
+        if i == layer_id:
+            owner.replay.refresh(_slots(owner.replay, device_indices), layer=layer)
 
 
 def after_track_extend(ssm_states: torch.Tensor, forward_metadata) -> None:
