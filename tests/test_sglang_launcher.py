@@ -81,6 +81,14 @@ def test_dry_run_hierarchical_cache(environ, capsys):
     assert out["replay"]["window"] == 16
 
 
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_dry_run_disaggregation(environ, capsys, mode):
+    """PD disaggregation is served: the decode side resets the transferred slots (test_sglang_disagg.py)."""
+    out = _dry_run(capsys, ["--replay-ssm"] + MODEL + ["--disaggregation-mode", mode])
+    assert out["sglang_args"][:len(MODEL) + 2] == MODEL + ["--disaggregation-mode", mode]
+    assert out["replay"] is not None
+
+
 def test_replay_off_passes_everything_through(environ, capsys):
     out = _dry_run(capsys, MODEL + ["--mamba-radix-cache-strategy", "extra_buffer"])
     assert out["replay"] is None and out["env"] == {}
@@ -95,7 +103,6 @@ def test_replay_off_passes_everything_through(environ, capsys):
     (["--mamba-ssm-dtype", "bfloat16"], "--mamba-ssm-dtype: --replay-checkpoint-dtype float32 stores"),
     (["--mamba-radix-cache-strategy", "extra_buffer_lazy"],
      "--mamba-radix-cache-strategy: replayssm serves no_buffer and extra_buffer; got extra_buffer_lazy"),
-    (["--disaggregation-mode", "decode"], "--disaggregation-mode: not served with --replay-ssm"),
     (["--enable-mamba-cache-stochastic-rounding"], "--enable-mamba-cache-stochastic-rounding: not served"),
     (["--enable-mixed-chunk"], "--enable-mixed-chunk: not served with --replay-ssm"),
     (["--linear-attn-decode-backend", "flashinfer"], "--linear-attn-decode-backend: replay routes GDN / KDA"),

@@ -15,6 +15,7 @@
 | ``kda_fused_decode.covered``, ``KDAAttnBackend._can_run_fused_chain_verify`` / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
 | ``KDAAttnBackend.forward_extend`` | after a prefill (not a verify) wrote ``temporal``, reset those rows' rings and read copy |
 | ``MambaPoolHost.backup_from_device_all_layer`` / ``load_to_device_per_layer`` (HiCache's host tier) | slots flushed before a backup; rings reset and read copy re-derived after each layer's load |
+| ``ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt`` (PD decode side) | the transferred requests' rings reset and read copies re-derived |
 | ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, and GDN / KDA kernels other than Triton |
 
 ``install`` is idempotent per process; ``uninstall`` restores SGLang's originals.
@@ -55,6 +56,7 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
             raise ValueError(f"cfg: replay is installed with {current.replay_cfg} (backend "
                              f"{current.replay_backend!r}); uninstall first")
         return
+    from sglang.srt.disaggregation.decode_schedule_batch_mixin import ScheduleBatchDisaggregationDecodeMixin
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
     from sglang.kernels.ops.attention import kda_fused_decode
     from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
@@ -164,6 +166,16 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
         return result
 
     _patch(MambaPoolHost, "load_to_device_per_layer", load_to_device_per_layer)
+
+    prebuilt = ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt
+
+    @functools.wraps(prebuilt)
+    def prepare_for_prebuilt(self):
+        result = prebuilt(self)
+        pool.after_transfer(self.req_to_token_pool, self.reqs)
+        return result
+
+    _patch(ScheduleBatchDisaggregationDecodeMixin, "prepare_for_prebuilt", prepare_for_prebuilt)
 
     backend_init = hlab.MambaAttnBackendBase.__init__
 

@@ -15,6 +15,7 @@ ring, cursors and read copy are the StatePool's and follow every slot event SGLa
 | HiCache backup (``MambaPoolHost.backup_from_device_all_layer``, ``before_host_backup``) | slots flushed first, on the transfer stream |
 | HiCache load (``MambaPoolHost.load_to_device_per_layer``, ``after_host_load``) | that layer's cursors reset and read copy re-derived, before the layer's completion event |
 | prefill writing ``temporal`` (``after_prefill``, called by the mixer / backend hook) | cursors of that layer reset, read copy re-derived |
+| PD disaggregation, decode side: a transferred request's first batch (``ScheduleBatch.prepare_for_prebuilt``, ``after_transfer``) | cursors reset, read copy re-derived from the state the prefill server sent |
 | a finished request's slot donated to the radix tree (``flush_for_tree``, called by the ``MambaComponent`` hook) | slot flushed first |
 
 Slot allocation stays SGLang's (``MambaSlotAllocator``); every pool slot is open to the
@@ -323,6 +324,23 @@ def after_host_load(host_pool, device_indices: torch.Tensor, layer_id: int) -> N
     for i, owner, layer in _host_tier_layers(host_pool):
         if i == layer_id:
             owner.replay.refresh(_slots(owner.replay, device_indices), layer=layer)
+
+
+def after_transfer(req_to_token_pool, reqs) -> None:
+    """PD disaggregation, decode side: the prefill server's state (conv window and ``temporal``, the
+    whole state: its prefill left the ring empty) has landed in these requests' slots. Empty their
+    rings, which still hold the slot's previous occupant's tokens, and re-derive their read copies,
+    in every layer (in place).
+
+    ``req_to_token_pool``: SGLang's ``HybridMambaDecodeReqToTokenPool``; ``reqs``: the requests of a
+    PREBUILT batch (no forward runs before their first decode, so nothing else resets the slot). A
+    request restored from the host tier afterwards is reset again by that load. No-op when the
+    mamba pool is not a replay pool."""
+    owner = req_to_token_pool.mamba_pool
+    held = [req.kv.mamba_pool_idx.view(1) for req in reqs if req.kv.holds_mamba]
+    if hasattr(owner, "replay") and held:
+        slots = req_to_token_pool.translate_mamba_indices(torch.cat(held))
+        owner.replay.refresh(_slots(owner.replay, slots))
 
 
 def after_track_extend(ssm_states: torch.Tensor, forward_metadata) -> None:
