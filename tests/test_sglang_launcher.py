@@ -74,10 +74,13 @@ def test_dry_run_extra_buffer_with_speculative_decoding(environ, capsys, gpu_pla
         "--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend", "triton"]
 
 
-def test_dry_run_hierarchical_cache(environ, capsys):
-    """HiCache's host tier is served: its backups and loads go through the replay hooks (test_sglang_hicache.py)."""
-    out = _dry_run(capsys, ["--replay-ssm"] + MODEL + ["--enable-hierarchical-cache"])
-    assert out["sglang_args"][:len(MODEL) + 1] == MODEL + ["--enable-hierarchical-cache"]
+@pytest.mark.parametrize("flag", ["--enable-hierarchical-cache", "--enable-mixed-chunk"])
+def test_dry_run_served_modes(environ, capsys, flag):
+    """Served with replay: HiCache's host tier (its backups and loads go through the replay hooks,
+    test_sglang_hicache.py) and mixed batches (the extend hooks fold the decode rows' rings first,
+    test_sglang_mixed.py)."""
+    out = _dry_run(capsys, ["--replay-ssm"] + MODEL + [flag])
+    assert out["sglang_args"][:len(MODEL) + 1] == MODEL + [flag]
     assert out["replay"]["window"] == 16
 
 
@@ -104,7 +107,6 @@ def test_replay_off_passes_everything_through(environ, capsys):
     (["--mamba-radix-cache-strategy", "extra_buffer_lazy"],
      "--mamba-radix-cache-strategy: replayssm serves no_buffer and extra_buffer; got extra_buffer_lazy"),
     (["--enable-mamba-cache-stochastic-rounding"], "--enable-mamba-cache-stochastic-rounding: not served"),
-    (["--enable-mixed-chunk"], "--enable-mixed-chunk: not served with --replay-ssm"),
     (["--linear-attn-decode-backend", "flashinfer"], "--linear-attn-decode-backend: replay routes GDN / KDA"),
 ])
 def test_refusals(environ, args, match):

@@ -5,15 +5,15 @@
 | ``HybridReqToTokenPool.mamba_pool_cls`` | ``ReplayMambaPool`` bound to the config (set explicitly: a class REPLACE of ``MambaPool`` would not reach this attribute); it allocates no per-draft ``intermediate_ssm`` |
 | ``KVCacheConfigurator._handle_max_mamba_cache`` | the mamba pool's size budgets ring, read copy and cursors per slot and reserves no per-draft snapshots |
 | ``layers.attention.mamba.mamba.selective_state_update`` (``MambaMixer2``'s call sites) | replay decode / verify; a state outside a replay pool is refused |
-| ``MambaMixer2.forward`` | after a prefill wrote ``temporal``, reset those rows' rings and read copy |
+| ``MambaMixer2.forward`` | before its chunk scan, fold the rows' rings (a mixed batch's decode rows); after it wrote ``temporal``, reset those rows' rings and read copy |
 | ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
 | ``MambaComponent.prepare_for_caching_req`` | a finished request's slot is flushed before the radix tree takes it |
 | ``TritonGDNKernel.packed_decode`` / ``target_verify`` (``GDNAttnBackend``'s kernel seam) | replay GDN decode / verify |
 | ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
-| ``GDNAttnBackend.forward_extend`` | after a prefill (not a verify) wrote ``temporal``, reset those rows' rings and read copy |
+| ``GDNAttnBackend.forward_extend`` | around an extend (not a verify): the rows' rings folded before, reset with the read copy after |
 | ``TritonKDAKernel.packed_decode`` / ``decode`` / ``target_verify`` (``KDAAttnBackend``'s kernel seam) | replay KDA decode / verify |
 | ``kda_fused_decode.covered``, ``KDAAttnBackend._can_run_fused_chain_verify`` / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
-| ``KDAAttnBackend.forward_extend`` | after a prefill (not a verify) wrote ``temporal``, reset those rows' rings and read copy |
+| ``KDAAttnBackend.forward_extend`` | around an extend (not a verify): the rows' rings folded before, reset with the read copy after |
 | ``MambaPoolHost.backup_from_device_all_layer`` / ``load_to_device_per_layer`` (HiCache's host tier) | slots flushed before a backup; rings reset and read copy re-derived after each layer's load |
 | ``ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt`` (PD decode side) | the transferred requests' rings reset and read copies re-derived |
 | ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, and GDN / KDA kernels other than Triton |
@@ -75,17 +75,7 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
 
     _patch(mamba_mod, "selective_state_update", mamba2.replay_selective_state_update)
 
-    mixer_forward = mamba_mod.MambaMixer2.forward
-
-    @functools.wraps(mixer_forward)
-    def forward(self, **kwargs):
-        result = mixer_forward(self, **kwargs)
-        meta = kwargs["metadata"]
-        if meta.num_prefills > 0:
-            pool.after_prefill(kwargs["layer_cache"].temporal, meta.mamba_cache_indices[:meta.num_prefills])
-        return result
-
-    _patch(mamba_mod.MambaMixer2, "forward", forward)
+    _patch(mamba_mod.MambaMixer2, "forward", around_mixer_forward(mamba_mod.MambaMixer2.forward))
 
     commit = hlab.HybridLinearAttnBackend.update_mamba_state_after_mtp_verify
 
@@ -187,13 +177,35 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
     _patch(hlab.MambaAttnBackendBase, "__init__", __init__)
 
 
+def around_mixer_forward(mixer_forward):
+    """``MambaMixer2.forward`` that folds the rings of the rows its chunk scan takes (``num_prefills``
+    first rows: every row of a mixed batch) before, and resets their rings and read copy after."""
+
+    @functools.wraps(mixer_forward)
+    def forward(self, **kwargs):
+        meta = kwargs["metadata"]
+        if meta.num_prefills > 0:
+            pool.before_extend(kwargs["layer_cache"].temporal, meta.mamba_cache_indices[:meta.num_prefills])
+        result = mixer_forward(self, **kwargs)
+        if meta.num_prefills > 0:
+            pool.after_prefill(kwargs["layer_cache"].temporal, meta.mamba_cache_indices[:meta.num_prefills])
+        return result
+
+    return forward
+
+
 def _refresh_after_prefill(extend):
-    """A GDN / KDA ``forward_extend`` that resets the prefill rows' rings and read copy afterwards."""
+    """A GDN / KDA ``forward_extend`` that folds its rows' rings before (a mixed batch's decode rows)
+    and resets their rings and read copy after (not around a target verify)."""
 
     @functools.wraps(extend)
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        extending = not forward_batch.forward_mode.is_target_verify()
+        if extending:
+            pool.before_extend(self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal,
+                               self.forward_metadata.mamba_cache_indices)
         result = extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
-        if not forward_batch.forward_mode.is_target_verify():
+        if extending:
             pool.after_prefill(self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal,
                                self.forward_metadata.mamba_cache_indices)
         return result

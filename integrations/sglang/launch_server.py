@@ -35,8 +35,6 @@ _REFUSED = {
     "enable_int8_mamba_checkpoint": ("--enable-int8-mamba-checkpoint", False, "not verified with replay"),
     "enable_mamba_cache_stochastic_rounding": ("--enable-mamba-cache-stochastic-rounding", False,
                                                "use --replay-checkpoint-dtype float16_sr"),
-    "enable_mixed_chunk": ("--enable-mixed-chunk", False,
-                           "decode rows of a mixed batch would run the prefill kernel on the checkpoint alone"),
 }
 
 

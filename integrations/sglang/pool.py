@@ -14,6 +14,7 @@ ring, cursors and read copy are the StatePool's and follow every slot event SGLa
 | ``load_cpu_copy`` | cursors reset, read copy re-derived |
 | HiCache backup (``MambaPoolHost.backup_from_device_all_layer``, ``before_host_backup``) | slots flushed first, on the transfer stream |
 | HiCache load (``MambaPoolHost.load_to_device_per_layer``, ``after_host_load``) | that layer's cursors reset and read copy re-derived, before the layer's completion event |
+| an extend about to read ``temporal`` as its rows' initial states (``before_extend``, mixer / backend hook) | those rows' rings folded first: a mixed batch's decode rows ride along as one-token extends |
 | prefill writing ``temporal`` (``after_prefill``, called by the mixer / backend hook) | cursors of that layer reset, read copy re-derived |
 | PD disaggregation, decode side: a transferred request's first batch (``ScheduleBatch.prepare_for_prebuilt``, ``after_transfer``) | cursors reset, read copy re-derived from the state the prefill server sent |
 | a finished request's slot donated to the radix tree (``flush_for_tree``, called by the ``MambaComponent`` hook) | slot flushed first |
@@ -229,6 +230,21 @@ def lookup(ssm_state: torch.Tensor):
     if owner is None or owner.mamba_cache.temporal[entry[1]].data_ptr() != ssm_state.data_ptr():
         return None
     return owner, entry[1]
+
+
+def before_extend(ssm_state: torch.Tensor, slots: torch.Tensor) -> None:
+    """An extend is about to read ``ssm_state[slots]`` as its rows' initial states: fold those rows'
+    rings into that layer's checkpoint first (in place).
+
+    ``ssm_state``: one layer of a ``ReplayMambaPool``'s ``temporal``; ``slots``: int32/int64 ``[n]``,
+    distinct (an extend batch's rows). A prefill row's ring is empty (its slot was cleared, copied or
+    prefilled before), so only the decode rows of a mixed batch (``--enable-mixed-chunk``: running
+    requests join a prefill batch as one-token extends) fold here. A state of no replay pool is left
+    alone."""
+    found = lookup(ssm_state)
+    if found is not None:
+        owner, layer = found
+        owner.replay.flush(_slots(owner.replay, slots), checked=checked(owner.replay), layer=layer)
 
 
 def after_prefill(ssm_state: torch.Tensor, prefill_slots: torch.Tensor) -> None:
