@@ -101,6 +101,7 @@ EOF
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(tests/test_sglang_replay.py tests/test_sglang_gdn.py tests/test_sglang_kda.py
                               tests/test_sglang_radix.py tests/test_sglang_hicache.py tests/test_sglang_disagg.py tests/test_sglang_mixed.py
+                              tests/test_sglang_int8.py
                               tests/test_sglang_track.py
                               tests/test_sglang_extra_buffer.py tests/test_sglang_cuda_graph.py)
 extra=()

@@ -17,7 +17,8 @@ pytest.importorskip("sglang")
 
 from conftest import DEVICE  # noqa: E402
 from helpers import TOL  # noqa: E402
-from test_sglang_replay import H, LAYERS, N, P, Run, _assert_read_copy_is_encoded_checkpoint, _cache_params  # noqa: E402
+from test_sglang_replay import (H, LAYERS, N, P, Run, _assert_read_copy_is_encoded_checkpoint,  # noqa: E402
+                                _cache_params)
 
 pytestmark = pytest.mark.usefixtures("test_device")
 
@@ -66,7 +67,7 @@ def test_transferred_state_is_what_the_first_decode_reads(server_args, replay_on
     assert int(second.kv.mamba_pool_idx) == int(slot[0])
     assert mp.replay.cursors["count"][:, slot].eq(3).all()      # the previous request's ring
     sent = torch.randn(len(LAYERS), H, P, N, generator=gen) * 0.3
-    mp.mamba_cache.temporal[:, slot[0]] = sent.to(DEVICE)         # the prefill server's state, as its transfer writes it
+    mp.mamba_cache.temporal[:, slot[0]] = sent.to(DEVICE)         # the prefill server's state, as a transfer writes it
 
     kv = TokenToKVPoolAllocator(size=64, dtype=torch.float32, device=DEVICE, kvcache=None, need_sort=False)
     n = len(second.origin_input_ids)

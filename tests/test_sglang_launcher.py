@@ -74,11 +74,12 @@ def test_dry_run_extra_buffer_with_speculative_decoding(environ, capsys, gpu_pla
         "--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend", "triton"]
 
 
-@pytest.mark.parametrize("flag", ["--enable-hierarchical-cache", "--enable-mixed-chunk"])
+@pytest.mark.parametrize("flag", ["--enable-hierarchical-cache", "--enable-mixed-chunk",
+                                  "--enable-int8-mamba-checkpoint"])
 def test_dry_run_served_modes(environ, capsys, flag):
     """Served with replay: HiCache's host tier (its backups and loads go through the replay hooks,
-    test_sglang_hicache.py) and mixed batches (the extend hooks fold the decode rows' rings first,
-    test_sglang_mixed.py)."""
+    test_sglang_hicache.py), mixed batches (the extend hooks fold the decode rows' rings first,
+    test_sglang_mixed.py) and the int8 radix store (test_sglang_int8.py)."""
     out = _dry_run(capsys, ["--replay-ssm"] + MODEL + [flag])
     assert out["sglang_args"][:len(MODEL) + 1] == MODEL + [flag]
     assert out["replay"]["window"] == 16

@@ -15,6 +15,7 @@
 | ``kda_fused_decode.covered``, ``KDAAttnBackend._can_run_fused_chain_verify`` / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
 | ``KDAAttnBackend.forward_extend`` | around an extend (not a verify): the rows' rings folded before, reset with the read copy after |
 | ``MambaPoolHost.backup_from_device_all_layer`` / ``load_to_device_per_layer`` (HiCache's host tier) | slots flushed before a backup; rings reset and read copy re-derived after each layer's load |
+| ``MambaCheckpointPool.store_from_active`` / ``load_to_active`` (int8 radix store) | active slots flushed before a store; rings reset and read copy re-derived after a load |
 | ``ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt`` (PD decode side) | the transferred requests' rings reset and read copies re-derived |
 | ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, and GDN / KDA kernels other than Triton |
 
@@ -66,6 +67,7 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
     from sglang.srt.layers.attention.mamba import mamba as mamba_mod
     from sglang.srt.mem_cache import memory_pool
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.mem_cache.mamba_checkpoint_pool import MambaCheckpointPool
     from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
     from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 
@@ -156,6 +158,24 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
         return result
 
     _patch(MambaPoolHost, "load_to_device_per_layer", load_to_device_per_layer)
+
+    store = MambaCheckpointPool.store_from_active
+
+    @functools.wraps(store)
+    def store_from_active(self, active_mamba_pool, active_slots, ckpt_slots):
+        pool.before_int8_store(active_mamba_pool, active_slots)
+        return store(self, active_mamba_pool, active_slots, ckpt_slots)
+
+    _patch(MambaCheckpointPool, "store_from_active", store_from_active)
+    int8_load = MambaCheckpointPool.load_to_active
+
+    @functools.wraps(int8_load)
+    def load_to_active(self, active_mamba_pool, ckpt_slots, active_slots):
+        result = int8_load(self, active_mamba_pool, ckpt_slots, active_slots)
+        pool.after_int8_load(active_mamba_pool, active_slots)
+        return result
+
+    _patch(MambaCheckpointPool, "load_to_active", load_to_active)
 
     prebuilt = ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt
 

@@ -32,7 +32,6 @@ _OWN_REPLAY_FLAGS = ("--enable-linear-replayssm", "--enable-linear-replayssm-spe
 # resolved SGLang settings replay refuses: field -> (flag, value that is fine, why)
 _REFUSED = {
     "enable_unified_memory": ("--enable-unified-memory", False, "its mamba pool class is not the replay pool"),
-    "enable_int8_mamba_checkpoint": ("--enable-int8-mamba-checkpoint", False, "not verified with replay"),
     "enable_mamba_cache_stochastic_rounding": ("--enable-mamba-cache-stochastic-rounding", False,
                                                "use --replay-checkpoint-dtype float16_sr"),
 }

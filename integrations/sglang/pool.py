@@ -11,6 +11,8 @@ ring, cursors and read copy are the StatePool's and follow every slot event SGLa
 | ``clear_slots`` (fresh slot, zeroed state) | cursors reset, read copy re-derived |
 | ``copy_from`` (COW on a radix hit, no_buffer copy for the tree) | source flushed first, destination cursors reset and read copy re-derived |
 | ``get_cpu_copy`` (host tier / transfer) | slots flushed first, so the copy is the whole state |
+| int8 radix store (``MambaCheckpointPool.store_from_active``, ``--enable-int8-mamba-checkpoint``) | active slots flushed first |
+| int8 radix hit (``MambaCheckpointPool.load_to_active``: the copy-on-write) | active slots' cursors reset, read copy re-derived |
 | ``load_cpu_copy`` | cursors reset, read copy re-derived |
 | HiCache backup (``MambaPoolHost.backup_from_device_all_layer``, ``before_host_backup``) | slots flushed first, on the transfer stream |
 | HiCache load (``MambaPoolHost.load_to_device_per_layer``, ``after_host_load``) | that layer's cursors reset and read copy re-derived, before the layer's completion event |
@@ -317,6 +319,23 @@ def _host_tier_layers(host_pool):
         found = lookup(state)
         if found is not None:
             yield i, found[0], found[1]
+
+
+def before_int8_store(active_pool, active_slots: torch.Tensor) -> None:
+    """SGLang's int8 radix store (``MambaCheckpointPool.store_from_active``) is about to quantize
+    ``active_slots`` (int32/int64 ``[n]``) of ``active_pool`` for the tree: fold their rings into the
+    checkpoint first, in every layer (in place), so the tree holds the whole state. No-op when
+    ``active_pool`` is not a replay pool."""
+    if hasattr(active_pool, "replay"):
+        active_pool.replay.flush(_slots(active_pool.replay, active_slots).unique(), checked=checked(active_pool.replay))
+
+
+def after_int8_load(active_pool, active_slots: torch.Tensor) -> None:
+    """SGLang's int8 radix hit (``MambaCheckpointPool.load_to_active``) wrote dequantized states into
+    ``active_slots`` (int32/int64 ``[n]``): empty their rings and re-derive their read copies, in every
+    layer (in place). No-op when ``active_pool`` is not a replay pool."""
+    if hasattr(active_pool, "replay"):
+        active_pool.replay.refresh(_slots(active_pool.replay, active_slots))
 
 
 def before_host_backup(host_pool, device_indices: torch.Tensor) -> None:
