@@ -10,6 +10,8 @@ sglang-kernel op, installed on neither test machine. The replay hooks sit on ``M
 / load methods, whichever backend moves the bytes.
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -22,12 +24,20 @@ from test_sglang_replay import LAYERS, Run, _assert_read_copy_is_encoded_checkpo
 pytestmark = pytest.mark.usefixtures("test_device")
 
 
-def _host_tier(mp):
+@contextlib.contextmanager
+def _host_tier(mp, io_backend):
+    """SGLang's host pool over ``mp``: pinned (registered with CUDA) for the ``kernel`` backend, whose
+    device kernel reads host memory; unregistered again afterwards (``destroy``), or the next host pool
+    of the process could land on a range CUDA still holds registered."""
     from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 
     (info,) = mp.get_device_pool_infos()
-    return MambaPoolHost(info.buffer_info, 2.0, 0, device_capacity=mp.size, pin_memory=DEVICE == "cuda",
+    host = MambaPoolHost(info.buffer_info, 2.0, 0, device_capacity=mp.size, pin_memory=io_backend == "kernel",
                          layout="page_first")
+    try:
+        yield host
+    finally:
+        host.destroy()
 
 
 def _transfer(host, mp, host_idx, device_idx):
@@ -52,9 +62,12 @@ def test_slot_state_through_sglangs_host_tier_matches_step_recurrence(replay_on,
             pytest.skip(f"SGLang's mamba transfer kernel does not build here: {type(e).__name__}: {e}")
 
     run = Run(_req_pool(), replay_on, torch.Generator().manual_seed(11))
+    with _host_tier(run.req_pool.mamba_pool, io_backend) as host:
+        _round_trip(run, host, L2TransferEngine(io_backend=io_backend))
+
+
+def _round_trip(run, host, engine):
     mp = run.req_pool.mamba_pool
-    host = _host_tier(mp)
-    engine = L2TransferEngine(io_backend=io_backend)
     a, c = (run.req_pool.mamba_allocator.alloc(1) for _ in range(2))
     run.clear(torch.cat((a, c)))
     run.prefill(torch.cat((a, c)))
