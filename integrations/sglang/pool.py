@@ -11,9 +11,9 @@ ring, cursors and read copy are the StatePool's and follow every slot event SGLa
 | ``clear_slots`` (fresh slot, zeroed state) | cursors reset, read copy re-derived |
 | ``copy_from`` (COW on a radix hit, no_buffer copy for the tree) | source flushed first, destination cursors reset and read copy re-derived |
 | ``get_cpu_copy`` (host tier / transfer) | slots flushed first, so the copy is the whole state |
+| ``load_cpu_copy`` | cursors reset, read copy re-derived |
 | int8 radix store (``MambaCheckpointPool.store_from_active``, ``--enable-int8-mamba-checkpoint``) | active slots flushed first |
 | int8 radix hit (``MambaCheckpointPool.load_to_active``: the copy-on-write) | active slots' cursors reset, read copy re-derived |
-| ``load_cpu_copy`` | cursors reset, read copy re-derived |
 | HiCache backup (``MambaPoolHost.backup_from_device_all_layer``, ``before_host_backup``) | slots flushed first, on the transfer stream |
 | HiCache load (``MambaPoolHost.load_to_device_per_layer``, ``after_host_load``) | that layer's cursors reset and read copy re-derived, before the layer's completion event |
 | an extend about to read ``temporal`` as its rows' initial states (``before_extend``, mixer / backend hook) | those rows' rings folded first: a mixed batch's decode rows ride along as one-token extends |
@@ -327,7 +327,8 @@ def before_int8_store(active_pool, active_slots: torch.Tensor) -> None:
     checkpoint first, in every layer (in place), so the tree holds the whole state. No-op when
     ``active_pool`` is not a replay pool."""
     if hasattr(active_pool, "replay"):
-        active_pool.replay.flush(_slots(active_pool.replay, active_slots).unique(), checked=checked(active_pool.replay))
+        replay = active_pool.replay
+        replay.flush(_slots(replay, active_slots).unique(), checked=checked(replay))
 
 
 def after_int8_load(active_pool, active_slots: torch.Tensor) -> None:
