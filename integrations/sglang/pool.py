@@ -109,9 +109,9 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
                 raise ValueError(f"cache_params: SGLang stores the ssm state as {temporal.dtype}, replay checkpoint "
                                  f"dtype {cfg.checkpoint_dtype} needs {cfg.torch_checkpoint_dtype}; set "
                                  "--mamba-ssm-dtype accordingly (the launcher does)")
-            self.replay = StatePool(spec, _with_drafts(cfg, drafts), num_layers=temporal.shape[0], num_slots=temporal.shape[1],
-                                    device=temporal.device, backend=backend, checkpoint=temporal,
-                                    state_layout="vk")
+            self.replay = StatePool(spec, _with_drafts(cfg, drafts), num_layers=temporal.shape[0],
+                                    num_slots=temporal.shape[1], device=temporal.device, backend=backend,
+                                    checkpoint=temporal, state_layout="vk")
             self.replay.allocated.fill_(True)  # SGLang's MambaSlotAllocator owns the slots
             for layer in range(temporal.shape[0]):
                 _BY_STATE[_key(temporal[layer])] = (weakref.ref(self), layer)
