@@ -200,28 +200,42 @@ class StatePool:
                 self._store(lay, rows, self._backend().fold_committed(self, lay, rows))
                 ring.reset(self.cursors, lay, rows.to(self.device), wrote_checkpoint=True)
 
-    def refresh(self, slots: torch.Tensor, *, layer: int | None = None) -> None:
+    def refresh(self, slots: torch.Tensor, *, layer: int | None = None, checked: bool = True) -> None:
         """The host wrote the checkpoint of ``slots`` itself (prefill, clear, copy, load).
 
         Empties their rings (cursors reset, any uncommitted verify dropped; ``epoch`` counts the
         host's write) and re-derives their read copy from the stored checkpoint, in ``layer`` or,
         when None, every layer; the checkpoint bytes are not touched. Padded rows (-1) are skipped.
+
+        ``checked=False`` (triton backend) reads nothing on the host: ``slots`` (int64 on the pool's
+        device) must then be distinct, which is not checked, and the host record of uncommitted
+        verifies is left alone (as ``commit(checked=False)`` does). A padded row re-derives the
+        read copy of the first real row, the same bytes that row writes (with no real row, slot
+        0's from its own checkpoint: the bytes it holds, since every write of a checkpoint
+        re-derives its read copy).
         """
         if layer is not None:
             self._layer(layer)
-        host = self._slots(slots)
-        rows = host[host >= 0]
         layers = range(self.num_layers) if layer is None else (layer,)
+        if not checked:
+            self._require_unchecked()
+            check_slot_tensor(slots, self.device)
+            real = slots >= 0
+            first = slots.index_select(0, torch.argmax(real.to(torch.int8)).view(1)).clamp(min=0)  # or slot 0
+            rows = torch.where(real, slots, first)
+        else:
+            host = self._slots(slots)
+            rows = host[host >= 0].to(self.device)
         for lay in layers:
             if self.read and rows.numel():
-                stored = self.checkpoint[lay, rows.to(self.device)].float()
+                stored = self.checkpoint[lay, rows].float()
                 codes, bs, rs = formats.quantize(to_read_layout(self.spec, stored), self.cfg.read_format)
-                dev_rows = rows.to(self.device)
-                self.read["codes"][lay, dev_rows] = codes
-                self.read["block_scale"][lay, dev_rows] = bs
-                self.read["row_scale"][lay, dev_rows] = rs
+                self.read["codes"][lay, rows] = codes
+                self.read["block_scale"][lay, rows] = bs
+                self.read["row_scale"][lay, rows] = rs
             ring.reset(self.cursors, lay, slots, wrote_checkpoint=True)
-            self.pending[lay, rows] = 0
+            if checked:
+                self.pending[lay, host[host >= 0]] = 0
 
     def commit(self, slots: torch.Tensor, num_accepted: torch.Tensor, *, checked: bool = True) -> None:
         """Keep the first ``num_accepted`` tokens of the last verify of ``slots``, in every layer.

@@ -223,3 +223,43 @@ def test_every_familys_seam_reads_no_device_value(server_args, monkeypatch, fami
         test_sglang_kda.test_kda_decode_matches_step_recurrence("packed", "triton", None)
         test_sglang_kda.test_kda_verify_and_commit_through_sglangs_backend(server_args, "triton", -5.0)
     assert len(calls) >= 20 and not reads, (calls, reads)
+
+
+def test_slot_resets_read_no_device_value():
+    """On the Triton backend the adapter's ring resets (after a prefill, a HiCache load, an int8 hit,
+    a PD transfer's first batch, SGLang's clear) read no device value on the host: a prefill or a
+    layer-by-layer load stays asynchronous. Checked against the reference pool's resets."""
+    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
+    cfg = rs.ReplayConfig(window=4, read_format="nvfp4", ring_dtype="float32")
+    pools = {}
+    for backend in ("reference", "triton"):
+        hooks.install(cfg, backend=backend)
+        try:
+            pools[backend] = _req_pool()
+        finally:
+            hooks.uninstall()
+    gen = torch.Generator().manual_seed(21)
+    state = torch.randn(2, 3, HV, V, K, generator=gen)
+    reads = []
+    for backend, req_pool in pools.items():
+        mp = req_pool.mamba_pool
+        slots = req_pool.mamba_allocator.alloc(3)
+        mp.replay.cursors["count"][:, slots] = 2                # rings as decodes leave them
+        mp.mamba_cache.temporal[:, slots] = state.to(DEVICE)    # the host writes the checkpoints
+        padded = torch.cat((slots[:1], torch.tensor([-1], device=slots.device)))
+        (info,) = mp.get_device_pool_infos()
+        host_tier = MambaPoolHost(info.buffer_info, 2.0, 0, device_capacity=mp.size, pin_memory=False,
+                                  layout="page_first")
+        with HostReads() as found:
+            replay_pool.after_prefill(req_pool.mamba2_layer_cache(LAYERS[0]).temporal, padded)
+            replay_pool.after_host_load(host_tier, slots[1:2], 1)
+            replay_pool.after_int8_load(mp, slots[2:])
+        if backend == "triton":
+            reads.extend(found.found)
+        host_tier.destroy()
+    assert not reads, reads
+    ref, tri = (pools[b].mamba_pool.replay for b in ("reference", "triton"))
+    for name in ref.cursors:                                      # the last column is the padded rows' scratch
+        assert torch.equal(ref.cursors[name][:, :-1], tri.cursors[name][:, :-1]), name
+    for name in ref.read:
+        assert torch.equal(ref.read[name].view(torch.uint8), tri.read[name].view(torch.uint8)), name

@@ -130,6 +130,35 @@ def test_unchecked_flush_folds_on_the_device_like_the_checked_flush(family, fmt)
     run(3)                                                     # and the steps after agree
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_unchecked_refresh_equals_checked_refresh_and_reads_no_device_value(fmt):
+    """``refresh(checked=False)`` (the SGLang adapter's after a prefill, a load, a copy): rings
+    emptied and read copies re-derived as the host's refresh does, padded rows writing nothing new,
+    no device value read; also a step of padded rows only."""
+    spec, (checked, free), (sc, sf) = _pools("kda", read_format=fmt)
+    gen = torch.Generator().manual_seed(12)
+    params = Params(spec, 2, gen)
+    for _ in range(2):                                         # rings that hold entries
+        for layer in range(2):
+            inp = make_inputs(spec, params, layer, 3, None, gen, device=DEVICE)
+            for pool, slots in ((checked, sc), (free, sf)):
+                rs.decode(pool, layer, slots, **inp)
+    state = torch.randn(2, 2, *checked.checkpoint.shape[2:], generator=gen).to(DEVICE)
+    checked.checkpoint[:, sc[1:]] = state                      # the host writes two rows' checkpoints
+    free.checkpoint[:, sf[1:]] = state
+    checked.refresh(sc[1:])
+    with HostReads() as mode:
+        free.refresh(torch.stack((torch.tensor(-1, device=DEVICE), sf[1], torch.tensor(-1, device=DEVICE), sf[2])),
+                     checked=False)
+        free.refresh(torch.full((2,), -1, dtype=torch.int64, device=DEVICE), layer=1, checked=False)
+    assert mode.found == [], mode.found
+    assert free.cursors["count"][:, sf[1:]].eq(0).all() and free.cursors["count"][:, sf[0]].gt(0).all()
+    for name in checked.cursors:                               # the last column is the padded rows' scratch
+        assert torch.equal(checked.cursors[name][:, :-1], free.cursors[name][:, :-1]), name
+    for name in checked.read:
+        assert torch.equal(checked.read[name].view(torch.uint8), free.read[name].view(torch.uint8)), name
+
+
 def test_host_reads_detector_sees_a_checked_step():
     spec, (pool, _), (slots, _) = _pools("gdn")
     inp = make_inputs(spec, Params(spec, 2, torch.Generator().manual_seed(1)), 0, 3, None,

@@ -118,12 +118,12 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
 
         def clear_slots(self, indices: torch.Tensor):
             super().clear_slots(indices)
-            self.replay.refresh(_slots(self.replay, indices))
+            self.replay.refresh(_slots(self.replay, indices), checked=checked(self.replay))
 
         def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
             self.replay.flush(_slots(self.replay, src_indices).unique(), checked=checked(self.replay))
             super().copy_from(src_indices, dst_indices)
-            self.replay.refresh(_slots(self.replay, dst_indices))
+            self.replay.refresh(_slots(self.replay, dst_indices), checked=checked(self.replay))
 
         def get_cpu_copy(self, indices):
             self.replay.flush(_slots(self.replay, indices).unique(), checked=checked(self.replay))
@@ -131,7 +131,7 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
 
         def load_cpu_copy(self, mamba_cache_cpu, indices):
             super().load_cpu_copy(mamba_cache_cpu, indices)
-            self.replay.refresh(_slots(self.replay, indices))
+            self.replay.refresh(_slots(self.replay, indices), checked=checked(self.replay))
 
     return ReplayMambaPool
 
@@ -214,12 +214,13 @@ def _slots(pool: StatePool, indices: torch.Tensor) -> torch.Tensor:
 
 
 def checked(pool: StatePool) -> bool:
-    """Whether steps, commits and flushes on ``pool`` validate slot values on the host: only off the
-    Triton backend.
+    """Whether steps, commits, flushes and refreshes on ``pool`` validate slot values on the host:
+    only off the Triton backend.
 
     SGLang hands the kernels its own slot indices; on the Triton backend steps and commits run
-    with ``checked=False`` and read no device value (no synchronization per layer); flushes too
-    (their slots are distinct: one finishing request, or ``unique()`` ones)."""
+    with ``checked=False`` and read no device value (no synchronization per layer); flushes and
+    refreshes too (their slots are distinct: a batch's rows, one finishing request, or
+    ``unique()`` ones)."""
     return pool.backend != "triton"
 
 
@@ -259,7 +260,7 @@ def after_prefill(ssm_state: torch.Tensor, prefill_slots: torch.Tensor) -> None:
     found = lookup(ssm_state)
     if found is not None:
         owner, layer = found
-        owner.replay.refresh(_slots(owner.replay, prefill_slots), layer=layer)
+        owner.replay.refresh(_slots(owner.replay, prefill_slots), layer=layer, checked=checked(owner.replay))
 
 
 def flush_for_tree(req_to_token_pool, mamba_pool_idx: torch.Tensor) -> None:
@@ -336,7 +337,7 @@ def after_int8_load(active_pool, active_slots: torch.Tensor) -> None:
     ``active_slots`` (int32/int64 ``[n]``): empty their rings and re-derive their read copies, in every
     layer (in place). No-op when ``active_pool`` is not a replay pool."""
     if hasattr(active_pool, "replay"):
-        active_pool.replay.refresh(_slots(active_pool.replay, active_slots))
+        active_pool.replay.refresh(_slots(active_pool.replay, active_slots), checked=checked(active_pool.replay))
 
 
 def before_host_backup(host_pool, device_indices: torch.Tensor) -> None:
@@ -355,11 +356,11 @@ def after_host_load(host_pool, device_indices: torch.Tensor, layer_id: int) -> N
     the checkpoint: empty those rows' rings of that layer and re-derive their read copy (in place).
 
     Runs on SGLang's host-to-device stream before it signals the layer done, so the forward never
-    reads a loaded checkpoint beside the slot's previous ring. Reads the slots on the host (as
-    every ``refresh`` does): one synchronization per loaded layer."""
+    reads a loaded checkpoint beside the slot's previous ring; on the Triton backend it reads no
+    device value (the load stays asynchronous)."""
     for i, owner, layer in _host_tier_layers(host_pool):
         if i == layer_id:
-            owner.replay.refresh(_slots(owner.replay, device_indices), layer=layer)
+            owner.replay.refresh(_slots(owner.replay, device_indices), layer=layer, checked=checked(owner.replay))
 
 
 def after_transfer(req_to_token_pool, reqs) -> None:
@@ -376,7 +377,7 @@ def after_transfer(req_to_token_pool, reqs) -> None:
     held = [req.kv.mamba_pool_idx.view(1) for req in reqs if req.kv.holds_mamba]
     if hasattr(owner, "replay") and held:
         slots = req_to_token_pool.translate_mamba_indices(torch.cat(held))
-        owner.replay.refresh(_slots(owner.replay, slots))
+        owner.replay.refresh(_slots(owner.replay, slots), checked=checked(owner.replay))
 
 
 def after_track_extend(ssm_states: torch.Tensor, forward_metadata) -> None:
