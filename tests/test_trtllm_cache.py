@@ -11,6 +11,7 @@ from helpers import SPECS, TOL, Params, f64, make_inputs, rms_ratio, step_oracle
 
 import replayssm as rs
 from replayssm.integrations.trtllm.cache import ReplayMambaStates, cache_manager_class
+from test_unchecked import HostReads
 
 NL, S = 2, 5
 # TRT-LLM's state_indices: a subset, unordered, with its shared CUDA-graph padding slot (1) twice
@@ -34,13 +35,19 @@ def _framework_states(spec, cfg, layout):
     return big[:, :, 1]
 
 
-def _run(family, cfg, layout, steps=9, seed=0):
+def _run(family, cfg, layout, steps=9, seed=0, backend="reference"):
+    """``states`` and a standalone pool of the same backend stepped together; on the Triton backend
+    ``states`` runs unchecked, and every host read of a device value by its calls lands in
+    ``states.host_reads``."""
     spec = SPECS[family]
     gen = torch.Generator().manual_seed(seed)
     temporal = _framework_states(spec, cfg, layout)
-    states = ReplayMambaStates(spec, cfg, temporal, state_layout=layout, backend="reference", padding_slots=PAD)
+    states = ReplayMambaStates(spec, cfg, temporal, state_layout=layout, backend=backend, padding_slots=PAD)
+    states.host_reads = []
+    for name in ("after_prefill", "decode", "verify", "update_mamba_states", "materialize"):
+        setattr(states, name, _watched(getattr(states, name), states.host_reads))
     # the standalone pool has a tensor of the same layout (the reference's float sums follow strides)
-    ref = rs.StatePool(spec, cfg, num_layers=NL, num_slots=S, backend="reference",
+    ref = rs.StatePool(spec, cfg, num_layers=NL, num_slots=S, backend=backend,
                        checkpoint=_framework_states(spec, cfg, layout), state_layout=layout)
     ref.alloc(S)
     params = Params(spec, NL, gen)
@@ -87,7 +94,35 @@ def _run(family, cfg, layout, steps=9, seed=0):
     return spec, states, ref, temporal, oracle, errs
 
 
+def _watched(method, reads):
+    def call(*args, **kwargs):
+        with HostReads() as mode:
+            result = method(*args, **kwargs)
+        reads.extend(mode.found)
+        return result
+    return call
+
+
 CASES = [(f, lay) for f in SPECS for lay in (("kv", "vk") if f != "mamba2" else ("kv",))]
+
+
+@pytest.mark.parametrize("family", list(SPECS))
+def test_triton_backend_steps_read_no_device_value(family):
+    """On the Triton backend (its interpreter on a CPU) every method runs unchecked, as TRT-LLM's CUDA
+    graphs need: outputs, rings, cursors and checkpoint equal a checked Triton pool's, and no call
+    reads a device value on the host."""
+    cfg = rs.ReplayConfig(window=4, max_draft_tokens=2, read_format="fp8")
+    layout = "vk" if family != "mamba2" else "kv"
+    spec, states, ref, _, oracle, errs = _run(family, cfg, layout, steps=6, backend="triton")
+    assert states.checked is False and states.host_reads == [], states.host_reads
+    assert max(errs) < TOL["fp8"]
+    for k in ref.ring:
+        assert torch.equal(states.pool.ring[k], ref.ring[k]), k
+    for k in ref.cursors:                                       # the last column is the padded rows' scratch
+        assert torch.equal(states.pool.cursors[k][:, :-1], ref.cursors[k][:, :-1]), k
+    assert torch.equal(states.pool.checkpoint[:, REAL_SLOTS], ref.checkpoint[:, REAL_SLOTS])
+    states.materialize(SLOTS)
+    assert states.host_reads == [] and (states.pool.cursors["count"][:, REAL_SLOTS] == 0).all()
 
 
 @pytest.mark.parametrize("family,layout", CASES, ids=[f"{f}-{lay}" for f, lay in CASES])

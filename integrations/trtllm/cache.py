@@ -55,6 +55,10 @@ class ReplayMambaStates:
     Slots are TRT-LLM's (``state_indices``, int on the state's device); every slot counts as
     allocated. ``layer`` is TRT-LLM's local index (``mamba_layer_offsets[layer_idx]``).
     Buffers: ``pool`` (a :class:`replayssm.StatePool`: read copy, rings, cursors).
+
+    On the Triton backend every method runs with ``checked=False``: no device value is read on
+    the host, so TRT-LLM's CUDA graphs can capture the steps. Its slots are distinct within a
+    step, but for the shared padding slots, which become padded rows.
     """
 
     def __init__(self, spec: rs.LayerSpec, cfg: rs.ReplayConfig, ssm_states: torch.Tensor, *,
@@ -71,6 +75,7 @@ class ReplayMambaStates:
         if bad:
             raise ValueError(f"padding_slots: expected slot indices in [0, {ssm_states.shape[1]}), got {bad[0]!r}")
         self.padding_slots = torch.tensor(padding_slots, dtype=torch.int64, device=ssm_states.device)
+        self.checked = self.pool.backend != "triton"
 
     def _rows(self, state_indices: torch.Tensor) -> torch.Tensor:
         """int64 slots with TRT-LLM's shared padding slots as -1."""
@@ -90,17 +95,17 @@ class ReplayMambaStates:
     def after_prefill(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
         """TRT-LLM wrote the state of ``state_indices`` (prefill, new request, copy): empty their
         rings and re-derive their read copy, in ``layer`` or every layer."""
-        self.pool.refresh(self._rows(state_indices), layer=layer)
+        self.pool.refresh(self._rows(state_indices), layer=layer, checked=self.checked)
 
     def decode(self, layer: int, state_indices: torch.Tensor, *, out: torch.Tensor | None = None,
                **inputs) -> torch.Tensor:
         """One token per request through ``layer`` (``replayssm.decode``): ``[n, heads, dim]``."""
-        return rs.decode(self.pool, layer, self._rows(state_indices), out=out, **inputs)
+        return rs.decode(self.pool, layer, self._rows(state_indices), out=out, checked=self.checked, **inputs)
 
     def verify(self, layer: int, state_indices: torch.Tensor, *, out: torch.Tensor | None = None,
                **inputs) -> torch.Tensor:
         """T tokens per request through ``layer``, uncommitted (``replayssm.verify``): ``[n, T, heads, dim]``."""
-        return rs.verify(self.pool, layer, self._rows(state_indices), out=out, **inputs)
+        return rs.verify(self.pool, layer, self._rows(state_indices), out=out, checked=self.checked, **inputs)
 
     def update_mamba_states(self, attn_metadata, num_accepted_tokens: torch.Tensor,
                             state_indices: torch.Tensor) -> None:
@@ -117,13 +122,13 @@ class ReplayMambaStates:
                 raise ValueError(f"{name}: expected a 1-d tensor of at least num_seqs={hi} rows, got "
                                  f"{list(getattr(t, 'shape', []))}")
         if hi > lo:
-            self.pool.commit(self._rows(state_indices[lo:hi]), num_accepted_tokens[lo:hi])
+            self.pool.commit(self._rows(state_indices[lo:hi]), num_accepted_tokens[lo:hi], checked=self.checked)
 
     def materialize(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
         """Fold the committed rings of ``state_indices`` into TRT-LLM's state tensor, in ``layer`` or
         every layer (before TRT-LLM reads or copies it: its prefill kernels, prefix cache,
         disaggregated transfer). Afterwards that tensor is the state."""
-        self.pool.flush(self._rows(state_indices), layer=layer)
+        self.pool.flush(self._rows(state_indices), layer=layer, checked=self.checked)
 
     def read_state(self, layer: int, state_indices: torch.Tensor) -> torch.Tensor:
         """fp32 state after every committed token ``[n, *state]`` (canonical layout); nothing changes."""
