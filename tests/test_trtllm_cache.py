@@ -215,3 +215,38 @@ def test_cache_manager_class_says_what_to_install(monkeypatch):
         monkeypatch.setitem(sys.modules, m, None)
     with pytest.raises(ImportError, match=r"TensorRT-LLM 1\.2\.x is required: pip install tensorrt-llm==1\.2\.1"):
         cache_manager_class()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_decode_is_captured_in_a_cuda_graph():
+    """TRT-LLM captures its decode steps in CUDA graphs: a GDN decode of ReplayMambaStates (Triton
+    backend, NVFP4 read copy, TRT-LLM's padding slot in the batch) captured once and replayed through
+    a flush equals the same steps run eagerly."""
+    spec = SPECS["gdn"]
+    cfg = rs.ReplayConfig(window=4, read_format="nvfp4")
+    gen = torch.Generator().manual_seed(13)
+    init = torch.randn(NL, S, spec.num_v_heads, spec.head_v_dim, spec.head_k_dim, generator=gen).cuda() * 0.1
+    eager, graphed = (ReplayMambaStates(spec, cfg, init.clone(), state_layout="vk", backend="triton",
+                                        padding_slots=PAD) for _ in range(2))
+    slots = SLOTS.cuda()
+    for states in (eager, graphed):
+        states.after_prefill(slots)
+    params = Params(spec, NL, gen)
+    inp = make_inputs(spec, params, 0, SLOTS.numel(), None, gen, device="cuda")
+    static = {k: v.clone() for k, v in inp.items()}
+    out = torch.empty(SLOTS.numel(), spec.num_v_heads, spec.head_v_dim, device="cuda")
+    graphed.decode(0, slots, out=out, **static)                    # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed.decode(0, slots, out=out, **static)
+    eager.decode(0, slots, **inp)                                  # the capture itself ran nothing
+    for _ in range(6):
+        nxt = make_inputs(spec, params, 0, SLOTS.numel(), None, gen, device="cuda")
+        for k, v in nxt.items():
+            static[k].copy_(v)
+        graph.replay()
+        assert torch.equal(out, eager.decode(0, slots, **nxt))
+    for name in eager.pool.ring:
+        assert torch.equal(eager.pool.ring[name], graphed.pool.ring[name]), name
+    assert torch.equal(eager.pool.cursors["count"], graphed.pool.cursors["count"])
+    assert torch.equal(eager.ssm_states, graphed.ssm_states)
