@@ -119,7 +119,7 @@ class StatePool:
         if (host < 0).any():
             raise ValueError("slots: fork takes no padded rows (-1)")
         child = self.alloc(host.numel())
-        self.copy(host, child)
+        self.copy(slots, child)
         return child
 
     def copy(self, src: torch.Tensor, dst: torch.Tensor) -> None:
