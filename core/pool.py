@@ -220,6 +220,8 @@ class StatePool:
         if not checked:
             self._require_unchecked()
             check_slot_tensor(slots, self.device)
+            if slots.numel() == 0:
+                return
             real = slots >= 0
             first = slots.index_select(0, torch.argmax(real.to(torch.int8)).view(1)).clamp(min=0)  # or slot 0
             rows = torch.where(real, slots, first)

@@ -151,6 +151,7 @@ def test_unchecked_refresh_equals_checked_refresh_and_reads_no_device_value(fmt)
         free.refresh(torch.stack((torch.tensor(-1, device=DEVICE), sf[1], torch.tensor(-1, device=DEVICE), sf[2])),
                      checked=False)
         free.refresh(torch.full((2,), -1, dtype=torch.int64, device=DEVICE), layer=1, checked=False)
+        free.refresh(torch.empty(0, dtype=torch.int64, device=DEVICE), checked=False)
     assert mode.found == [], mode.found
     assert free.cursors["count"][:, sf[1:]].eq(0).all() and free.cursors["count"][:, sf[0]].gt(0).all()
     for name in checked.cursors:                               # the last column is the padded rows' scratch
