@@ -91,15 +91,11 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
 
     _patch(hlab.HybridLinearAttnBackend, "update_mamba_state_after_mtp_verify", update_mamba_state_after_mtp_verify)
 
-    prepare = MambaComponent.prepare_for_caching_req
-
-    @functools.wraps(prepare)
-    def prepare_for_caching_req(self, req, insert_params, token_ids_len, is_finished):
+    def flush_finished(component, req, insert_params, token_ids_len, is_finished):
         if is_finished:
-            pool.flush_for_tree(self.cache.req_to_token_pool, req.kv.mamba_pool_idx)
-        return prepare(self, req, insert_params, token_ids_len, is_finished)
+            pool.flush_for_tree(component.cache.req_to_token_pool, req.kv.mamba_pool_idx)
 
-    _patch(MambaComponent, "prepare_for_caching_req", prepare_for_caching_req)
+    _around(MambaComponent, "prepare_for_caching_req", before=flush_finished)
 
     _patch(TritonGDNKernel, "packed_decode", gdn.replay_packed_decode)
 
@@ -126,75 +122,47 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
     _patch(KDAAttnBackend, "_can_run_dspark_cutedsl_mtp", not_taken)
 
     for backend_cls in (GDNAttnBackend, KDAAttnBackend):
-        _patch(backend_cls, "forward_extend", _refresh_after_prefill(backend_cls.forward_extend))
+        _patch(backend_cls, "forward_extend", around_extend(backend_cls.forward_extend))
 
     # extra_buffer: the track copies between a request's slot and its track slot
     for name in ("track_mamba_states_if_needed", "track_mamba_states_all_layers"):
         _patch(hlab, name, functools.partial(pool.track_copy, getattr(hlab, name)))
-    track_extend = hlab.MambaAttnBackendBase._track_mamba_state_extend
+    _around(hlab.MambaAttnBackendBase, "_track_mamba_state_extend",
+            after=lambda backend, forward_batch, h, ssm_states, forward_metadata, *args, **kwargs:
+            pool.after_track_extend(ssm_states, forward_metadata))
+    # HiCache's host tier, the int8 radix store, PD disaggregation's decode side
+    _around(MambaPoolHost, "backup_from_device_all_layer",
+            before=lambda host, device_pool, host_indices, device_indices, *args, **kwargs:
+            pool.before_host_backup(host, device_indices))
+    _around(MambaPoolHost, "load_to_device_per_layer",
+            after=lambda host, device_pool, host_indices, device_indices, layer_id, *args, **kwargs:
+            pool.after_host_load(host, device_indices, layer_id))
+    _around(MambaCheckpointPool, "store_from_active",
+            before=lambda store, active_mamba_pool, active_slots, ckpt_slots:
+            pool.before_int8_store(active_mamba_pool, active_slots))
+    _around(MambaCheckpointPool, "load_to_active",
+            after=lambda store, active_mamba_pool, ckpt_slots, active_slots:
+            pool.after_int8_load(active_mamba_pool, active_slots))
+    _around(ScheduleBatchDisaggregationDecodeMixin, "prepare_for_prebuilt",
+            after=lambda batch: pool.after_transfer(batch.req_to_token_pool, batch.reqs))
+    _around(hlab.MambaAttnBackendBase, "__init__", after=lambda backend, model_runner: check_linear_backend(backend))
 
-    @functools.wraps(track_extend)
-    def _track_mamba_state_extend(self, forward_batch, h, ssm_states, forward_metadata, *args, **kwargs):
-        result = track_extend(self, forward_batch, h, ssm_states, forward_metadata, *args, **kwargs)
-        pool.after_track_extend(ssm_states, forward_metadata)
+
+def _around(owner, name: str, *, before=None, after=None) -> None:
+    """Patch method ``name`` of ``owner``: ``before`` and ``after`` are called with its arguments
+    (``self`` first) around SGLang's own, whose result is returned."""
+    original = owner.__dict__[name]
+
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        if before is not None:
+            before(self, *args, **kwargs)
+        result = original(self, *args, **kwargs)
+        if after is not None:
+            after(self, *args, **kwargs)
         return result
 
-    _patch(hlab.MambaAttnBackendBase, "_track_mamba_state_extend", _track_mamba_state_extend)
-
-    backup = MambaPoolHost.backup_from_device_all_layer
-
-    @functools.wraps(backup)
-    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, *args, **kwargs):
-        pool.before_host_backup(self, device_indices)
-        return backup(self, device_pool, host_indices, device_indices, *args, **kwargs)
-
-    _patch(MambaPoolHost, "backup_from_device_all_layer", backup_from_device_all_layer)
-    load = MambaPoolHost.load_to_device_per_layer
-
-    @functools.wraps(load)
-    def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, *args, **kwargs):
-        result = load(self, device_pool, host_indices, device_indices, layer_id, *args, **kwargs)
-        pool.after_host_load(self, device_indices, layer_id)
-        return result
-
-    _patch(MambaPoolHost, "load_to_device_per_layer", load_to_device_per_layer)
-
-    store = MambaCheckpointPool.store_from_active
-
-    @functools.wraps(store)
-    def store_from_active(self, active_mamba_pool, active_slots, ckpt_slots):
-        pool.before_int8_store(active_mamba_pool, active_slots)
-        return store(self, active_mamba_pool, active_slots, ckpt_slots)
-
-    _patch(MambaCheckpointPool, "store_from_active", store_from_active)
-    int8_load = MambaCheckpointPool.load_to_active
-
-    @functools.wraps(int8_load)
-    def load_to_active(self, active_mamba_pool, ckpt_slots, active_slots):
-        result = int8_load(self, active_mamba_pool, ckpt_slots, active_slots)
-        pool.after_int8_load(active_mamba_pool, active_slots)
-        return result
-
-    _patch(MambaCheckpointPool, "load_to_active", load_to_active)
-
-    prebuilt = ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt
-
-    @functools.wraps(prebuilt)
-    def prepare_for_prebuilt(self):
-        result = prebuilt(self)
-        pool.after_transfer(self.req_to_token_pool, self.reqs)
-        return result
-
-    _patch(ScheduleBatchDisaggregationDecodeMixin, "prepare_for_prebuilt", prepare_for_prebuilt)
-
-    backend_init = hlab.MambaAttnBackendBase.__init__
-
-    @functools.wraps(backend_init)
-    def __init__(self, model_runner):
-        backend_init(self, model_runner)
-        check_linear_backend(self)
-
-    _patch(hlab.MambaAttnBackendBase, "__init__", __init__)
+    _patch(owner, name, method)
 
 
 def around_mixer_forward(mixer_forward):
@@ -204,30 +172,30 @@ def around_mixer_forward(mixer_forward):
     @functools.wraps(mixer_forward)
     def forward(self, **kwargs):
         meta = kwargs["metadata"]
-        if meta.num_prefills > 0:
-            pool.before_extend(kwargs["layer_cache"].temporal, meta.mamba_cache_indices[:meta.num_prefills])
+        if meta.num_prefills == 0:
+            return mixer_forward(self, **kwargs)
+        state, rows = kwargs["layer_cache"].temporal, meta.mamba_cache_indices[:meta.num_prefills]
+        pool.before_extend(state, rows)
         result = mixer_forward(self, **kwargs)
-        if meta.num_prefills > 0:
-            pool.after_prefill(kwargs["layer_cache"].temporal, meta.mamba_cache_indices[:meta.num_prefills])
+        pool.after_prefill(state, rows)
         return result
 
     return forward
 
 
-def _refresh_after_prefill(extend):
+def around_extend(extend):
     """A GDN / KDA ``forward_extend`` that folds its rows' rings before (a mixed batch's decode rows)
     and resets their rings and read copy after (not around a target verify)."""
 
     @functools.wraps(extend)
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
-        extending = not forward_batch.forward_mode.is_target_verify()
-        if extending:
-            pool.before_extend(self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal,
-                               self.forward_metadata.mamba_cache_indices)
+        if forward_batch.forward_mode.is_target_verify():
+            return extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        state = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal
+        rows = self.forward_metadata.mamba_cache_indices
+        pool.before_extend(state, rows)
         result = extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
-        if extending:
-            pool.after_prefill(self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal,
-                               self.forward_metadata.mamba_cache_indices)
+        pool.after_prefill(state, rows)
         return result
 
     return forward_extend
