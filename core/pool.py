@@ -227,7 +227,8 @@ class StatePool:
             rows = torch.where(real, slots, first)
         else:
             host = self._slots(slots)
-            rows = host[host >= 0].to(self.device)
+            host = host[host >= 0]
+            rows = host.to(self.device)
         for lay in layers:
             if self.read and rows.numel():
                 stored = self.checkpoint[lay, rows].float()
@@ -237,7 +238,7 @@ class StatePool:
                 self.read["row_scale"][lay, rows] = rs
             ring.reset(self.cursors, lay, slots, wrote_checkpoint=True)
             if checked:
-                self.pending[lay, host[host >= 0]] = 0
+                self.pending[lay, host] = 0
 
     def commit(self, slots: torch.Tensor, num_accepted: torch.Tensor, *, checked: bool = True) -> None:
         """Keep the first ``num_accepted`` tokens of the last verify of ``slots``, in every layer.

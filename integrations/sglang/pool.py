@@ -118,20 +118,20 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
 
         def clear_slots(self, indices: torch.Tensor):
             super().clear_slots(indices)
-            self.replay.refresh(_slots(self.replay, indices), checked=checked(self.replay))
+            _refresh(self.replay, indices)
 
         def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
-            self.replay.flush(_slots(self.replay, src_indices).unique(), checked=checked(self.replay))
+            _flush(self.replay, src_indices.unique())
             super().copy_from(src_indices, dst_indices)
-            self.replay.refresh(_slots(self.replay, dst_indices), checked=checked(self.replay))
+            _refresh(self.replay, dst_indices)
 
         def get_cpu_copy(self, indices):
-            self.replay.flush(_slots(self.replay, indices).unique(), checked=checked(self.replay))
+            _flush(self.replay, indices.unique())
             return super().get_cpu_copy(indices)
 
         def load_cpu_copy(self, mamba_cache_cpu, indices):
             super().load_cpu_copy(mamba_cache_cpu, indices)
-            self.replay.refresh(_slots(self.replay, indices), checked=checked(self.replay))
+            _refresh(self.replay, indices)
 
     return ReplayMambaPool
 
@@ -213,6 +213,18 @@ def _slots(pool: StatePool, indices: torch.Tensor) -> torch.Tensor:
     return indices.to(device=pool.device, dtype=torch.int64)
 
 
+def _flush(replay: StatePool, indices: torch.Tensor, layer: int | None = None) -> None:
+    """``replay.flush`` of SGLang slot ``indices`` (distinct), in ``layer`` or every layer, unchecked
+    on the Triton backend."""
+    replay.flush(_slots(replay, indices), layer=layer, checked=checked(replay))
+
+
+def _refresh(replay: StatePool, indices: torch.Tensor, layer: int | None = None) -> None:
+    """``replay.refresh`` of SGLang slot ``indices`` (distinct), in ``layer`` or every layer, unchecked
+    on the Triton backend."""
+    replay.refresh(_slots(replay, indices), layer=layer, checked=checked(replay))
+
+
 def checked(pool: StatePool) -> bool:
     """Whether steps, commits, flushes and refreshes on ``pool`` validate slot values on the host:
     only off the Triton backend.
@@ -247,7 +259,7 @@ def before_extend(ssm_state: torch.Tensor, slots: torch.Tensor) -> None:
     found = lookup(ssm_state)
     if found is not None:
         owner, layer = found
-        owner.replay.flush(_slots(owner.replay, slots), checked=checked(owner.replay), layer=layer)
+        _flush(owner.replay, slots, layer)
 
 
 def after_prefill(ssm_state: torch.Tensor, prefill_slots: torch.Tensor) -> None:
@@ -260,7 +272,7 @@ def after_prefill(ssm_state: torch.Tensor, prefill_slots: torch.Tensor) -> None:
     found = lookup(ssm_state)
     if found is not None:
         owner, layer = found
-        owner.replay.refresh(_slots(owner.replay, prefill_slots), layer=layer, checked=checked(owner.replay))
+        _refresh(owner.replay, prefill_slots, layer)
 
 
 def flush_for_tree(req_to_token_pool, mamba_pool_idx: torch.Tensor) -> None:
@@ -274,7 +286,7 @@ def flush_for_tree(req_to_token_pool, mamba_pool_idx: torch.Tensor) -> None:
     owner = req_to_token_pool.mamba_pool
     if hasattr(owner, "replay"):
         slot = req_to_token_pool.translate_mamba_indices(mamba_pool_idx.view(1))
-        owner.replay.flush(_slots(owner.replay, slot), checked=checked(owner.replay))
+        _flush(owner.replay, slot)
 
 
 def track_copy(copy, conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size,
@@ -313,23 +325,13 @@ def _track_owner(ssm_states: torch.Tensor):
     return None
 
 
-def _host_tier_layers(host_pool):
-    """``(layer index in host_pool, replay pool, pool layer)`` for each device layer of SGLang's HiCache
-    ``MambaPoolHost`` that belongs to a replay pool (MTP draft layers included when their pool is one)."""
-    for i, state in enumerate(host_pool.temporal_device_layers):
-        found = lookup(state)
-        if found is not None:
-            yield i, found[0], found[1]
-
-
 def before_int8_store(active_pool, active_slots: torch.Tensor) -> None:
     """SGLang's int8 radix store (``MambaCheckpointPool.store_from_active``) is about to quantize
-    ``active_slots`` (int32/int64 ``[n]``) of ``active_pool`` for the tree: fold their rings into the
-    checkpoint first, in every layer (in place), so the tree holds the whole state. No-op when
-    ``active_pool`` is not a replay pool."""
+    ``active_slots`` (int32/int64 ``[n]``, distinct: a finishing request's or a track slot) of
+    ``active_pool`` for the tree: fold their rings into the checkpoint first, in every layer (in
+    place), so the tree holds the whole state. No-op when ``active_pool`` is not a replay pool."""
     if hasattr(active_pool, "replay"):
-        replay = active_pool.replay
-        replay.flush(_slots(replay, active_slots).unique(), checked=checked(replay))
+        _flush(active_pool.replay, active_slots)
 
 
 def after_int8_load(active_pool, active_slots: torch.Tensor) -> None:
@@ -337,30 +339,34 @@ def after_int8_load(active_pool, active_slots: torch.Tensor) -> None:
     ``active_slots`` (int32/int64 ``[n]``): empty their rings and re-derive their read copies, in every
     layer (in place). No-op when ``active_pool`` is not a replay pool."""
     if hasattr(active_pool, "replay"):
-        active_pool.replay.refresh(_slots(active_pool.replay, active_slots), checked=checked(active_pool.replay))
+        _refresh(active_pool.replay, active_slots)
 
 
 def before_host_backup(host_pool, device_indices: torch.Tensor) -> None:
-    """HiCache is about to copy ``device_indices`` (int32/int64 ``[n]``, distinct) of every layer to the
-    host: fold their rings into the checkpoints first (in place), so the host holds the whole state.
+    """HiCache is about to copy ``device_indices`` (int32/int64 ``[n]``, distinct) of every layer of
+    ``host_pool`` (SGLang's ``MambaPoolHost``) to the host: fold their rings into the checkpoints
+    first, in the layers that belong to a replay pool (in place), so the host holds the whole state.
 
     A radix-tree slot's ring is already empty (it was flushed when the tree took it), so this is a
     no-op there; a slot backed up while it decodes (a retracted request) needs it. Runs on the
     caller's stream (SGLang's device-to-host stream, after its start event)."""
-    for _, owner, layer in _host_tier_layers(host_pool):
-        owner.replay.flush(_slots(owner.replay, device_indices), checked=checked(owner.replay), layer=layer)
+    for state in host_pool.temporal_device_layers:       # MTP draft layers too, when their pool replays
+        found = lookup(state)
+        if found is not None:
+            _flush(found[0].replay, device_indices, found[1])
 
 
 def after_host_load(host_pool, device_indices: torch.Tensor, layer_id: int) -> None:
-    """HiCache copied layer ``layer_id`` of ``device_indices`` (int32/int64 ``[n]``) from the host into
-    the checkpoint: empty those rows' rings of that layer and re-derive their read copy (in place).
+    """HiCache copied layer ``layer_id`` of ``host_pool`` (SGLang's ``MambaPoolHost``) at
+    ``device_indices`` (int32/int64 ``[n]``) from the host into the checkpoint: empty those rows' rings
+    of that layer and re-derive their read copy (in place), if the layer belongs to a replay pool.
 
     Runs on SGLang's host-to-device stream before it signals the layer done, so the forward never
     reads a loaded checkpoint beside the slot's previous ring; on the Triton backend it reads no
     device value (the load stays asynchronous)."""
-    for i, owner, layer in _host_tier_layers(host_pool):
-        if i == layer_id:
-            owner.replay.refresh(_slots(owner.replay, device_indices), layer=layer, checked=checked(owner.replay))
+    found = lookup(host_pool.temporal_device_layers[layer_id])
+    if found is not None:
+        _refresh(found[0].replay, device_indices, found[1])
 
 
 def after_transfer(req_to_token_pool, reqs) -> None:
@@ -376,8 +382,7 @@ def after_transfer(req_to_token_pool, reqs) -> None:
     owner = req_to_token_pool.mamba_pool
     held = [req.kv.mamba_pool_idx.view(1) for req in reqs if req.kv.holds_mamba]
     if hasattr(owner, "replay") and held:
-        slots = req_to_token_pool.translate_mamba_indices(torch.cat(held))
-        owner.replay.refresh(_slots(owner.replay, slots), checked=checked(owner.replay))
+        _refresh(owner.replay, req_to_token_pool.translate_mamba_indices(torch.cat(held)))
 
 
 def after_track_extend(ssm_states: torch.Tensor, forward_metadata) -> None:
