@@ -178,6 +178,15 @@ class Driver:
                    for layer in range(self.pool.num_layers))
 
 
+def assert_same_resets(a: rs.StatePool, b: rs.StatePool) -> None:
+    """Cursors (all but the last column, the padded rows' scratch) and read copies of two pools, bit
+    for bit."""
+    for name in a.cursors:
+        assert torch.equal(a.cursors[name][:, :-1], b.cursors[name][:, :-1]), name
+    for name in a.read:
+        assert torch.equal(a.read[name].view(torch.uint8), b.read[name].view(torch.uint8)), name
+
+
 def commit_with_tracks(hybrid, pool, track: torch.Tensor, accepted: list, to_track: list, states: list) -> None:
     """A verify's commit through a host backend's ``update_mamba_state_after_mtp_verify`` with
     extra_buffer track slots (``to_track[i]``: the verify step row i's track slot takes, -1 none),

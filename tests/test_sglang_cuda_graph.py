@@ -22,7 +22,7 @@ pytest.importorskip("sglang")
 
 import replayssm as rs  # noqa: E402
 from conftest import DEVICE  # noqa: E402
-from helpers import TOL, accepted_states, chain_oracle, rms_ratio, step_oracle  # noqa: E402
+from helpers import TOL, accepted_states, assert_same_resets, chain_oracle, rms_ratio, step_oracle  # noqa: E402
 from replayssm.integrations.sglang import hooks, pool as replay_pool  # noqa: E402
 from test_unchecked import HostReads  # noqa: E402
 from test_sglang_gdn import HK, HV, K, LAYERS, SPEC, V, _gating, _req_pool, _runner  # noqa: E402
@@ -258,8 +258,4 @@ def test_slot_resets_read_no_device_value():
             reads.extend(found.found)
         host_tier.destroy()
     assert not reads, reads
-    ref, tri = (pools[b].mamba_pool.replay for b in ("reference", "triton"))
-    for name in ref.cursors:                                      # the last column is the padded rows' scratch
-        assert torch.equal(ref.cursors[name][:, :-1], tri.cursors[name][:, :-1]), name
-    for name in ref.read:
-        assert torch.equal(ref.read[name].view(torch.uint8), tri.read[name].view(torch.uint8)), name
+    assert_same_resets(pools["reference"].mamba_pool.replay, pools["triton"].mamba_pool.replay)

@@ -136,9 +136,7 @@ def test_track_slot_enters_the_tree_and_serves_a_match(extra_buffer_args, replay
     assert hit.device_prefix_len == 16 and int(b.kv.mamba_cow_src_index) == int(track[0])
     slot_b = _forward_prep(req_pool, b)                   # copy-on-write of the tree's track slot
     assert mp.replay.cursors["count"][:, slot_b].eq(0).all()
-    for layer in range(len(LAYERS)):
-        run.twin.write_state(layer, slot_b, want[layer].float()[None])
-        run.oracle[layer, int(slot_b[0])] = want[layer]
+    run.adopt(slot_b, torch.stack(want)[:, None])
     for _ in range(5):                                    # b decodes on from a's tracked state
         assert run.decode(slot_b) < TOL["fp8"]
     assert run.state_error(slot_b) < TOL["float32"]

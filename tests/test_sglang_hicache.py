@@ -69,10 +69,7 @@ def test_slot_state_through_sglangs_host_tier_matches_step_recurrence(replay_on,
 def _round_trip(run, host, engine):
     mp = run.req_pool.mamba_pool
     a, c = (run.req_pool.mamba_allocator.alloc(1) for _ in range(2))
-    run.clear(torch.cat((a, c)))
-    run.prefill(torch.cat((a, c)))
-    for _ in range(3):                                           # window 4: both rings hold 3 tokens
-        run.decode(torch.cat((a, c)))
+    run.started(torch.cat((a, c)), 3)                            # window 4: both rings hold 3 tokens
     assert mp.replay.cursors["count"][:, torch.cat((a, c))].eq(3).all()
     want = [run.oracle[layer, a.item()].clone() for layer in range(len(LAYERS))]
 
@@ -92,9 +89,7 @@ def _round_trip(run, host, engine):
     assert mp.replay.cursors["count"][:, c].eq(0).all()          # c's own 3 tokens are gone with its ring
     assert torch.equal(mp.mamba_cache.temporal[:, c[0]], host.temporal_buffer[host_idx[0], :, 0].to(DEVICE))
     _assert_read_copy_is_encoded_checkpoint(mp, c)
-    for layer in range(len(LAYERS)):
-        run.twin.write_state(layer, c, want[layer].float()[None])
-        run.oracle[layer, c.item()] = want[layer].double()
+    run.adopt(c, torch.stack(want)[:, None])
     assert run.state_error(c) < TOL["float32"]
     for _ in range(5):                                           # c decodes on from a's state, through a flush
         assert run.decode(c) < TOL["fp8"]

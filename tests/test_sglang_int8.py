@@ -27,10 +27,7 @@ def test_slot_state_through_sglangs_int8_store_matches_step_recurrence(replay_on
                                 conv_dtype=mp.mamba_cache.conv[0].dtype, device=DEVICE,
                                 temporal_dtype=mp.mamba_cache.temporal.dtype)
     a, c = (run.req_pool.mamba_allocator.alloc(1) for _ in range(2))
-    run.clear(torch.cat((a, c)))
-    run.prefill(torch.cat((a, c)))
-    for _ in range(3):                                           # window 4: both rings hold 3 tokens
-        run.decode(torch.cat((a, c)))
+    run.started(torch.cat((a, c)), 3)                            # window 4: both rings hold 3 tokens
     want = torch.stack([run.oracle[layer, a.item()] for layer in range(len(LAYERS))])
 
     ckpt = store.alloc(1)
@@ -43,9 +40,7 @@ def test_slot_state_through_sglangs_int8_store_matches_step_recurrence(replay_on
     _assert_read_copy_is_encoded_checkpoint(mp, c)
     loaded = mp.mamba_cache.temporal[:, c[0]].clone()
     assert rms_ratio(loaded, want) < TOL["int8"]
-    for layer in range(len(LAYERS)):
-        run.twin.write_state(layer, c, loaded[layer].float()[None])
-        run.oracle[layer, c.item()] = loaded[layer].double()
+    run.adopt(c, loaded[:, None])
     for _ in range(5):                                           # c decodes on from the loaded state, through a flush
         assert run.decode(c) < TOL["fp8"]
     assert run.state_error(c) < TOL["float32"]

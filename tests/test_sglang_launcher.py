@@ -74,23 +74,17 @@ def test_dry_run_extra_buffer_with_speculative_decoding(environ, capsys, gpu_pla
         "--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend", "triton"]
 
 
-@pytest.mark.parametrize("flag", ["--enable-hierarchical-cache", "--enable-mixed-chunk",
-                                  "--enable-int8-mamba-checkpoint"])
-def test_dry_run_served_modes(environ, capsys, flag):
+@pytest.mark.parametrize("flags", [["--enable-hierarchical-cache"], ["--enable-mixed-chunk"],
+                                   ["--enable-int8-mamba-checkpoint"], ["--disaggregation-mode", "prefill"],
+                                   ["--disaggregation-mode", "decode"]])
+def test_dry_run_served_modes(environ, capsys, flags):
     """Served with replay: HiCache's host tier (its backups and loads go through the replay hooks,
     test_sglang_hicache.py), mixed batches (the extend hooks fold the decode rows' rings first,
-    test_sglang_mixed.py) and the int8 radix store (test_sglang_int8.py)."""
-    out = _dry_run(capsys, ["--replay-ssm"] + MODEL + [flag])
-    assert out["sglang_args"][:len(MODEL) + 1] == MODEL + [flag]
+    test_sglang_mixed.py), the int8 radix store (test_sglang_int8.py) and PD disaggregation (the
+    decode side resets the transferred slots, test_sglang_disagg.py)."""
+    out = _dry_run(capsys, ["--replay-ssm"] + MODEL + flags)
+    assert out["sglang_args"][:len(MODEL) + len(flags)] == MODEL + flags
     assert out["replay"]["window"] == 16
-
-
-@pytest.mark.parametrize("mode", ["prefill", "decode"])
-def test_dry_run_disaggregation(environ, capsys, mode):
-    """PD disaggregation is served: the decode side resets the transferred slots (test_sglang_disagg.py)."""
-    out = _dry_run(capsys, ["--replay-ssm"] + MODEL + ["--disaggregation-mode", mode])
-    assert out["sglang_args"][:len(MODEL) + 2] == MODEL + ["--disaggregation-mode", mode]
-    assert out["replay"] is not None
 
 
 def test_replay_off_passes_everything_through(environ, capsys):

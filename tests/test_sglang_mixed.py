@@ -60,10 +60,7 @@ def test_mamba2_mixed_batch_scans_whole_states(replay_on):
         assert rms_ratio(read[layer], want[layer]) < TOL["float32"]
     assert mp.replay.cursors["count"][:, rows].eq(0).all()
     _assert_read_copy_is_encoded_checkpoint(mp, rows)
-    for layer in range(len(LAYERS)):
-        run.twin.write_state(layer, rows, written[layer].to(DEVICE))
-        for i, s in enumerate(rows.tolist()):
-            run.oracle[layer, s] = written[layer][i].double().to(DEVICE)
+    run.adopt(rows, written)
     for _ in range(5):                                           # both decode on, through a flush
         assert run.decode(rows) < TOL["fp8"]
     assert run.state_error(rows) < TOL["float32"]
@@ -116,7 +113,7 @@ def test_gdn_mixed_batch_extends_whole_states(server_args, replay_on):
         scan(self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal,
              self.forward_metadata.mamba_cache_indices, gdn.LAYERS.index(layer.layer_id))
 
-    extend = hooks._refresh_after_prefill(forward_extend)
+    extend = hooks.around_extend(forward_extend)
     backend = SimpleNamespace(req_to_token_pool=req_pool,
                               forward_metadata=SimpleNamespace(mamba_cache_indices=rows.to(torch.int32)))
     for layer, layer_id in enumerate(gdn.LAYERS):

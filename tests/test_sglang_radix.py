@@ -86,11 +86,8 @@ def test_state_through_sglangs_radix_cache_matches_step_recurrence(server_args, 
     assert hit.device_prefix_len == len(prompt) + 6
     assert int(b.kv.mamba_cow_src_index) == int(slot_a[0]) and int(b.kv.mamba_pool_idx) != int(slot_a[0])
     slot_b = _forward_prep(req_pool, b)                           # COW copy of the tree's checkpoint
-    run.twin.write_state(0, slot_b, want[0].float()[None])
-    run.twin.write_state(1, slot_b, want[1].float()[None])
     assert req_pool.mamba_pool.replay.cursors["count"][:, slot_b].eq(0).all()
-    for layer in range(len(LAYERS)):
-        run.oracle[layer, slot_b.item()] = want[layer]
+    run.adopt(slot_b, torch.stack(want)[:, None])
     for _ in range(5):                                            # b decodes on from a's state
         assert run.decode(slot_b) < TOL["fp8"]
     assert run.state_error(slot_b) < TOL["float32"]

@@ -83,6 +83,22 @@ class Run:
             for i, s in enumerate(slots.tolist()):
                 self.oracle[layer, s] = state[i].double()
 
+    def started(self, slots, tokens):
+        """Fresh ``slots``: cleared, prefilled, then ``tokens`` decode steps (their rings hold what has not
+        flushed)."""
+        self.clear(slots)
+        self.prefill(slots)
+        for _ in range(tokens):
+            self.decode(slots)
+
+    def adopt(self, slots, states):
+        """SGLang wrote ``states`` (``[layers, n, H, P, N]``) into ``slots`` itself (a copy, a load, a
+        transfer): the twin takes the same write and the oracle continues from them."""
+        for layer in range(len(LAYERS)):
+            self.twin.write_state(layer, slots, states[layer].float().to(DEVICE))
+            for i, s in enumerate(slots.tolist()):
+                self.oracle[layer, s] = states[layer][i].double().to(DEVICE)
+
     def decode(self, slots):
         """One token through every layer; slots may hold -1 (padding). Returns the worst error."""
         worst = 0.0
