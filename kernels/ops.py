@@ -58,6 +58,11 @@ _compiled: set = set()
 # on one warp (2026-12-01, NVFP4, w=7 / flush / staggered us): 16 value rows 143.2 / 1003.8 / 200.6 (Qwen3.5),
 # 161.8 / 1274.8 / 236.1 (Kimi-Linear) against 142.5 / 1356.3 / 222.8 and 161.9 / 1698.3 / 261.1 at 32 rows on
 # two warps (each entry's reduction over K stays within the warp); 32 rows on one warp 2000.0 flush, 8 rows 1662.2.
+# NVFP4 read tiles (2026-12-01, batch 256, non-flush w=7 / w=14 / staggered us), since the decode loads the factors
+# of its words on contiguous channels once per chunk: GDN 64 rows / 1 warp / chunk 64 / 3 stages 103.2 / 106.9 /
+# 163.0 (Qwen3.5; 189.6 / 194.0 / 307.5 at 122B dims) against 210.5 / 214.4 / 264.6 at the earlier 64 / 2 / 64 / 2
+# (143.0 / 171.5 / 200.3 before the change); Mamba-2 the same tile 154.3 / 156.9 / 243.1 (Nemotron-H) against
+# 264.3 / 268.8 / 345.2 at 64 / 2 / 64 / 2 (216.2 / 274.6 / 303.0 before).
 # verify_flush (2026-12-01, batch 256, T = 8 verify whose rows all / half flush, checkpoint / NVFP4 us): GDN 16 rows /
 # 1 warp 1818.7 / 977.2 / 2448.0 / 1418.5 (Qwen3.5; 32 / 8 warps was 5906.7 / 3135.4 / 7983.6 / 4510.9), KDA 3362.0 /
 # 2070.1 / 4205.8 / 2731.4 (9943.5 / 5270.3 / 11806.0 / 7050.0); Mamba-2 64 rows / 2 warps 1524.8 / 992.2 / 2667.6 /
@@ -78,7 +83,7 @@ _compiled: set = set()
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False, fold_chunk=16, dot="tf32x3"),
                "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
-               "read": dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
+               "read": dict(rows=64, num_warps=1, chunk=64, stages=3, acc=True),
                "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=16),
                "verify": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
                "verify_read": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
@@ -88,7 +93,7 @@ TILES = {
               "decode_vk": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True, fold_chunk=16, fold_stages=1,
                                 dot="tf32x3"),
               "read_fp8": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
-              "read": dict(rows=64, num_warps=2, chunk=64, stages=2, acc=True),
+              "read": dict(rows=64, num_warps=1, chunk=64, stages=3, acc=True),
               "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", row_programs=16),
               "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
               "flush_replay": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4),

@@ -341,7 +341,7 @@ def _delta_decode_kernel(
     cq = tl.zeros([BM], dtype=tl.float32)                  # history coefficients for the output
     kq = tl.zeros([1], dtype=tl.float32)                   # this token's own k . q
     jw = tl.arange(0, NC // RC_PW)
-    GATED_WORDS: tl.constexpr = PER_CHANNEL and RC_PW > 1
+
     if READ_FMT == READ_CHECKPOINT:                       # ACC: the chunks' products summed elementwise,
         au = tl.zeros([NC, BV], dtype=tl.float32)          # reduced over channels once after the stream
         ar = tl.zeros([NC, BV], dtype=tl.float32)
@@ -368,29 +368,35 @@ def _delta_decode_kernel(
         else:
             pu = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
             pr = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
-        if GATED_WORDS:
-            # KDA over NVFP4 words: gates, history coefficients and this token's factors on the chunk's
-            # contiguous channels (coalesced loads), then each word element's channels picked in registers
+        if RC_PW > 1:
+            # NVFP4 words: q, k, the ring's keys (KDA: gates) on the chunk's contiguous channels (coalesced
+            # loads), the history coefficients once per chunk, then each word element's factors picked in
+            # registers (loaded per element they were 8 channels apart, one load per element and ring entry)
             okf = c * NC + tl.arange(0, NC)
             k_f = tl.load(k + i * k_r + hk * k_h + okf)
             kf = k_f.to(tl.float32)
             qf = tl.load(q + i * q_r + hk * q_h + okf).to(tl.float32)
-            g_f = tl.load(g + i * g_r + h * g_h + okf).to(tl.float32)
-            g_hf = tl.load(rg + pos[:, None] * K + okf[None, :], mask=hist[:, None], other=0.0)       # [BM, NC]
-            gt_f = tl.sum(g_hf, axis=0) + g_f
-            dec_f = tl.where(hist[:, None], tl.exp(tl.minimum(gt_f[None, :] - tl.cumsum(g_hf, axis=0), 0.0)), 0.0) \
-                * tl.load(rk + pos[:, None] * K + okf[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
+            dec_f = tl.load(rk + pos[:, None] * K + okf[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
+            if PER_CHANNEL:
+                g_f = tl.load(g + i * g_r + h * g_h + okf).to(tl.float32)
+                g_hf = tl.load(rg + pos[:, None] * K + okf[None, :], mask=hist[:, None], other=0.0)   # [BM, NC]
+                gt_f = tl.sum(g_hf, axis=0) + g_f
+                dec_f *= tl.where(hist[:, None], tl.exp(tl.minimum(gt_f[None, :] - tl.cumsum(g_hf, axis=0), 0.0)),
+                                  0.0)
+                ef = tl.exp(gt_f)
+                kk2 = tl.reshape(ef * kf, [NC // RC_PW, RC_PW])   # [j, w]: channel c NC + j PW + w
+                qq2 = tl.reshape(ef * qf, [NC // RC_PW, RC_PW])
+                tl.store(rg + tok * K + okf, g_f, mask=active & (pid_v == 0))
+            else:
+                kk2 = tl.reshape(kf, [NC // RC_PW, RC_PW])
+                qq2 = tl.reshape(qf, [NC // RC_PW, RC_PW])
             ck_ += tl.sum(dec_f * kf[None, :], axis=1)
             cq += tl.sum(dec_f * qf[None, :], axis=1)
             kq += tl.sum(kf * qf, axis=0)
-            ef = tl.exp(gt_f)
-            kk2 = tl.reshape(ef * kf, [NC // RC_PW, RC_PW])   # [j, w]: channel c NC + j PW + w
-            qq2 = tl.reshape(ef * qf, [NC // RC_PW, RC_PW])
-            tl.store(rg + tok * K + okf, g_f, mask=active & (pid_v == 0))
             tl.store(rk + tok * K + okf, k_f, mask=append_k)
         for w in tl.static_range(RC_PW):
             S0 = word_values(tile, w, READ_FMT if RC_PW > 1 else READ_CHECKPOINT)   # [NC, BV] or [BV, NC / PW]
-            if GATED_WORDS:
+            if RC_PW > 1:
                 sel = tl.arange(0, RC_PW)[None, :] == w
                 pu += S0 * tl.sum(tl.where(sel, kk2, 0.0), axis=1)[None, :]
                 pr += S0 * tl.sum(tl.where(sel, qq2, 0.0), axis=1)[None, :]
@@ -444,7 +450,7 @@ def _delta_decode_kernel(
     if ACC:
         u = tl.sum(au, axis=0 if READ_FMT == READ_CHECKPOINT else 1)
         r = tl.sum(ar, axis=0 if READ_FMT == READ_CHECKPOINT else 1)
-        if not GATED_WORDS:                                # which sums the coefficients in place
+        if RC_PW == 1:                                     # words sum the coefficients in place
             ck_ += tl.sum(ahk, axis=1)
             cq += tl.sum(ahq, axis=1)
             kq += tl.sum(akq, axis=0)

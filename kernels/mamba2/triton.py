@@ -278,19 +278,34 @@ def _mamba2_decode_kernel(
             tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (N // 16), op, amask, c,
                                            N, RC_CW, NC, RC_PW, NC // RC_PW)
         part = tl.zeros([BP, NC // RC_PW], dtype=tl.float32)
+        if RC_PW > 1:
+            # NVFP4 words: C, B and the ring's B on the chunk's contiguous columns (coalesced loads), their
+            # products once per chunk, then each word element's C picked in registers
+            onf = c * NC + tl.arange(0, NC)
+            cf = tl.load(C + i * cc_r + g * cc_g + onf).to(tl.float32)
+            b_f = tl.load(B + i * b_r + g * b_g + onf)
+            Bhf = tl.load(rB + pos[:, None] * N + onf[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
+            bc += tl.sum(Bhf * cf[None, :], axis=1)
+            bc_tok += tl.sum(b_f.to(tl.float32) * cf, axis=0)
+            cc2 = tl.reshape(cf, [NC // RC_PW, RC_PW])        # [j, w]: column c NC + j PW + w
+            tl.store(rB + tok * N + onf, b_f, mask=append_B)
         for w in tl.static_range(RC_PW):
-            on = c * NC + jw * RC_PW + w
-            cc = tl.load(C + i * cc_r + g * cc_g + on).to(tl.float32)
-            b_raw = tl.load(B + i * b_r + g * b_g + on)
-            Bh = tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
-            part += word_values(tile, w, READ_FMT if RC_PW > 1 else READ_CHECKPOINT) * cc[None, :]
-            if ACC:
-                abc += Bh * cc[None, :]
-                abt += b_raw.to(tl.float32) * cc
+            if RC_PW > 1:
+                cc = tl.sum(tl.where(tl.arange(0, RC_PW)[None, :] == w, cc2, 0.0), axis=1)
+                part += word_values(tile, w, READ_FMT) * cc[None, :]
             else:
-                bc += tl.sum(Bh * cc[None, :], axis=1)
-                bc_tok += tl.sum(b_raw.to(tl.float32) * cc, axis=0)
-            tl.store(rB + tok * N + on, b_raw, mask=(on < N) & append_B)
+                on = c * NC + jw
+                cc = tl.load(C + i * cc_r + g * cc_g + on).to(tl.float32)
+                b_raw = tl.load(B + i * b_r + g * b_g + on)
+                Bh = tl.load(rB + pos[:, None] * N + on[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
+                part += word_values(tile, w, READ_CHECKPOINT) * cc[None, :]
+                if ACC:
+                    abc += Bh * cc[None, :]
+                    abt += b_raw.to(tl.float32) * cc
+                else:
+                    bc += tl.sum(Bh * cc[None, :], axis=1)
+                    bc_tok += tl.sum(b_raw.to(tl.float32) * cc, axis=0)
+                tl.store(rB + tok * N + on, b_raw, mask=(on < N) & append_B)
         if RC_PW > 1:
             part *= bscale
         if ACC:
@@ -299,8 +314,9 @@ def _mamba2_decode_kernel(
             sc += tl.sum(part, axis=1)
     if ACC:
         sc = tl.sum(asc, axis=1)
-        bc = tl.sum(abc, axis=1)
-        bc_tok += tl.sum(abt, axis=0)
+        if RC_PW == 1:                                     # words sum the products in place
+            bc = tl.sum(abc, axis=1)
+            bc_tok += tl.sum(abt, axis=0)
     if RC_PW > 1:
         sc *= tl.load(rc_rs + head + op, mask=pmask, other=0.0)
 
