@@ -4,10 +4,19 @@ TensorRT-LLM cannot be installed here, so ``Mamba2Mixer`` below re-enacts its st
 at NVIDIA/TensorRT-LLM commit 02140fd (``_torch/modules/mamba/mamba2_mixer.py``): the prefill rows'
 states written into ``ssm_states[state_indices[:num_contexts]]``, then the decode rows through
 ``self.selective_state_update_func`` with TRT-LLM's arguments (einops ``repeat`` views of A, dt, D,
-dt_bias; ``out`` a view of the preallocated output). Projections, conv and norm are left out: what
-is under test is the call convention and the slot bookkeeping, against the fp64 step recurrence.
+dt_bias; ``out`` a view of the preallocated output); with ``spec_metadata`` and a speculative cache
+manager, a target verify: the decode rows as ``[num_decodes, T, ...]``, the conv windows rolled
+forward by all T tokens with each step's window kept in ``intermediate_conv_window`` (the state
+handling of TRT-LLM's ``causal_conv1d_update``), then the state update with
+``disable_state_update=True``. Projections, the conv's output and norm are left out: what is under
+test is the call convention and the slot bookkeeping, against the fp64 step recurrence.
+``PythonMambaCacheManager`` re-enacts what ``cache_manager_class()`` builds on (its speculative
+buffers, padding slot and ``mamba_layer_cache`` as read at commit 00bce92).
 """
 
+import dataclasses
+import sys
+import types
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +25,7 @@ from einops import rearrange, repeat
 from helpers import SPECS, TOL, Params, f64, make_inputs, rms_ratio, step_oracle
 
 import replayssm as rs
-from replayssm.integrations.trtllm.cache import ReplayMambaStates
+from replayssm.integrations.trtllm.cache import ReplayMambaStates, cache_manager_class
 from replayssm.integrations.trtllm.mixer import replay_selective_state_update, wire_mamba2
 
 SPEC = SPECS["mamba2"]
@@ -42,16 +51,36 @@ class Mamba2Mixer(torch.nn.Module):
         self._dt_bias_expanded = repeat(self.dt_bias, "h -> h p", p=P)
         self._D_expanded = repeat(self.D, "h -> h p", p=P)
 
-    def forward(self, hidden_states, attn_metadata, mamba_metadata):
+    def forward(self, hidden_states, attn_metadata, mamba_metadata, spec_metadata=None):
         num_prefills = attn_metadata.num_contexts
         num_decodes = attn_metadata.seq_lens.shape[0] - num_prefills
         state_indices = mamba_metadata.state_indices[:num_prefills + num_decodes]
-        ssm_states = attn_metadata.kv_cache_manager.get_ssm_states(self.layer_idx)
+        manager = attn_metadata.kv_cache_manager
+        ssm_states = manager.get_ssm_states(self.layer_idx)
         state_indices_p, state_indices_d = torch.split(state_indices, [num_prefills, num_decodes])
-        out = torch.empty(num_decodes, H * P)
+        is_target_verify = manager.is_speculative() and spec_metadata is not None
+        T = spec_metadata.runtime_draft_len + 1 if is_target_verify else 1
+        out = torch.empty(num_decodes * T, H * P)
         if num_prefills > 0:
             ssm_states[state_indices_p] = hidden_states["prefill"]
-        if num_decodes > 0:
+            if "prefill_conv" in hidden_states:          # the plain-decode test leaves the conv out
+                manager.get_conv_states(self.layer_idx)[state_indices_p] = hidden_states["prefill_conv"]
+        if num_decodes > 0 and is_target_verify:
+            layer_cache = manager.mamba_layer_cache(self.layer_idx)
+            rows = manager.intermediate_state_indices[:num_decodes]
+            _conv_state_update(hidden_states["xbc"].view(num_decodes, T, -1).transpose(1, 2), layer_cache.conv,
+                               state_indices_d, layer_cache.intermediate_conv_window, rows)
+            x_d = rearrange(hidden_states["x"], "(b t) (h p) -> b t h p", t=T, p=P).contiguous()
+            dt_d = repeat(hidden_states["dt"], "(b t) h -> b t h p", t=T, p=P)
+            B_d = rearrange(hidden_states["B"], "(b t) (g n) -> b t g n", t=T, g=G).contiguous()
+            C_d = rearrange(hidden_states["C"], "(b t) (g n) -> b t g n", t=T, g=G).contiguous()
+            self.selective_state_update_func(ssm_states, x_d, dt_d, self._A_expanded, B_d, C_d, self._D_expanded,
+                                             z=None, dt_bias=self._dt_bias_expanded, dt_softplus=True,
+                                             state_batch_indices=state_indices_d,
+                                             out=out.view(num_decodes, T, -1, P), disable_state_update=True,
+                                             intermediate_states_buffer=layer_cache.intermediate_ssm,
+                                             cache_steps=T, intermediate_state_indices=rows)
+        elif num_decodes > 0:
             x_d = rearrange(hidden_states["x"], "b (h p) -> b h p", p=P).contiguous()
             dt_d = repeat(hidden_states["dt"], "b h -> b h p", p=P)
             B_d = rearrange(hidden_states["B"], "b (g n) -> b g n", g=G).contiguous()
@@ -63,6 +92,70 @@ class Mamba2Mixer(torch.nn.Module):
         return out
 
 
+def _conv_state_update(xbc, conv_states, conv_state_indices, intermediate_conv_window, intermediate_state_indices):
+    """The state handling of TRT-LLM's ``causal_conv1d_update`` in a verify: each row's window
+    ``[conv_dim, width - 1]`` rolls forward by its T tokens (``xbc [n, conv_dim, T]``), and the window
+    after token t is kept at ``intermediate_conv_window[intermediate_state_indices[row], t]``."""
+    for row, slot in enumerate(conv_state_indices.tolist()):
+        window = conv_states[slot].clone()
+        for t in range(xbc.shape[2]):
+            window = torch.cat([window[:, 1:], xbc[row, :, t:t + 1]], dim=1)
+            intermediate_conv_window[intermediate_state_indices[row], t] = window
+        conv_states[slot] = window
+
+
+CONV_DIM, WIDTH = H * P + 2 * G * N, 4  # conv windows [slots, CONV_DIM, WIDTH - 1]
+
+
+class PythonMambaCacheManager:
+    """TRT-LLM's manager as ``cache_manager_class()`` builds on it (see the module docs): the
+    constructor's buffers, its padding slot (the last slot), ``mamba_layer_cache``."""
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class State:
+        conv: torch.Tensor
+        temporal: torch.Tensor
+
+        def at_layer_idx(self, layer):
+            return type(self)(**{k: None if v is None else v[layer] for k, v in vars(self).items()})
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class SpeculativeState(State):
+        intermediate_conv_window: torch.Tensor
+        intermediate_ssm: torch.Tensor | None = None
+
+    def __init__(self, d_state, d_conv, num_heads, n_groups, head_dim, num_layers, max_batch_size, spec_state_size,
+                 mapping, dtype, ssm_cache_dtype, layer_mask=None, speculative_num_draft_tokens=None,
+                 model_type="nemotron_hybrid", use_replay_state_update=False, mamba_ssm_stochastic_rounding=False):
+        conv_dim = head_dim * num_heads + 2 * n_groups * d_state
+        conv = torch.zeros(num_layers, max_batch_size, conv_dim, d_conv - 1, dtype=dtype)
+        temporal = torch.full((num_layers, max_batch_size, num_heads, head_dim, d_state), float("nan"),
+                              dtype=ssm_cache_dtype)
+        self.mamba_layer_offsets = {idx: offset for offset, idx in enumerate(i for i, m in enumerate(layer_mask) if m)}
+        if speculative_num_draft_tokens is not None:
+            T = speculative_num_draft_tokens + 1
+            self.mamba_cache = self.SpeculativeState(
+                conv=conv, temporal=temporal,
+                intermediate_conv_window=torch.zeros(num_layers, spec_state_size, T, conv_dim, d_conv - 1, dtype=dtype),
+                intermediate_ssm=torch.zeros(num_layers, spec_state_size, T, num_heads, head_dim, d_state))
+        else:
+            self.mamba_cache = self.State(conv=conv, temporal=temporal)
+        self._padding_slot, self._attention_dp_dummy_slot = max_batch_size - 1, None
+        self.intermediate_state_indices = torch.arange(max_batch_size, dtype=torch.int32)
+
+    def is_speculative(self):
+        return isinstance(self.mamba_cache, self.SpeculativeState)
+
+    def mamba_layer_cache(self, layer_idx):
+        return self.mamba_cache.at_layer_idx(self.mamba_layer_offsets[layer_idx])
+
+    def get_ssm_states(self, layer_idx):
+        return self.mamba_cache.temporal[self.mamba_layer_offsets[layer_idx]]
+
+    def get_conv_states(self, layer_idx):
+        return self.mamba_cache.conv[self.mamba_layer_offsets[layer_idx]]
+
+
 def _setup(seed=0, window=4):
     gen = torch.Generator().manual_seed(seed)
     params = Params(SPEC, len(LAYER_IDS), gen)
@@ -71,7 +164,7 @@ def _setup(seed=0, window=4):
     states = ReplayMambaStates(SPEC, cfg, temporal, backend="reference", padding_slots=(PAD,))
     model = torch.nn.ModuleList([Mamba2Mixer(i, params.A[k], params.D[k], params.dt_bias[k])
                                  for k, i in enumerate(LAYER_IDS)])
-    manager = SimpleNamespace(get_ssm_states=lambda layer_idx: temporal[OFFSETS[layer_idx]])
+    manager = SimpleNamespace(get_ssm_states=lambda layer_idx: temporal[OFFSETS[layer_idx]], is_speculative=lambda: False)
     return gen, params, states, model, manager
 
 
@@ -134,10 +227,13 @@ def test_wiring_and_call_refusals():
     x, dt = torch.randn(1, 2, H, P), repeat(torch.randn(1, 2, H), "b t h -> b t h p", p=P)
     A, D = model[0]._A_expanded, model[0]._D_expanded
     B = torch.randn(1, 2, G, N)
-    with pytest.raises(ValueError, match="disable_state_update: a speculative verify"):
+    with pytest.raises(ValueError, match="cache_steps: expected T = 2, got 3"):
         replay_selective_state_update(states.ssm_states[0], x, dt, A, B, B, D, dt_bias=model[0]._dt_bias_expanded,
                                       dt_softplus=True, state_batch_indices=slots, out=torch.empty_like(x),
-                                      disable_state_update=True, cache_steps=2)
+                                      disable_state_update=True, cache_steps=3)
+    with pytest.raises(ValueError, match="disable_state_update: expected True for x of shape"):
+        replay_selective_state_update(states.ssm_states[0], x, dt, A, B, B, D, dt_bias=model[0]._dt_bias_expanded,
+                                      dt_softplus=True, state_batch_indices=slots, out=torch.empty_like(x))
     with pytest.raises(ValueError, match="rand_seed: TRT-LLM's stochastic rounding"):
         replay_selective_state_update(states.ssm_states[0], x[:, 0], dt[:, 0], A, B[:, 0], B[:, 0], D,
                                       dt_softplus=True, state_batch_indices=slots, out=torch.empty_like(x[:, 0]),
@@ -147,3 +243,97 @@ def test_wiring_and_call_refusals():
                                       dt_softplus=True, state_batch_indices=slots, out=torch.empty_like(x[:, 0]))
     with pytest.raises(ImportError, match="TensorRT-LLM 1.2.x is required"):
         wire_mamba2(model, states)                    # TRT-LLM's own Mamba2Mixer: not installed here
+
+
+def _spec_manager(monkeypatch, drafts=2, window=4, **kwargs):
+    """``cache_manager_class()`` over the re-enacted ``PythonMambaCacheManager``."""
+    module = types.ModuleType("tensorrt_llm._torch.pyexecutor.mamba_cache_manager")
+    module.PythonMambaCacheManager = PythonMambaCacheManager
+    for name in ("tensorrt_llm", "tensorrt_llm._torch", "tensorrt_llm._torch.pyexecutor"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    cfg = rs.ReplayConfig(window=window, max_draft_tokens=kwargs.pop("max_draft_tokens", drafts), ring_dtype="float32")
+    args = dict(d_state=N, d_conv=WIDTH, num_heads=H, n_groups=G, head_dim=P, num_layers=len(LAYER_IDS),
+                max_batch_size=S, spec_state_size=S, mapping=None, dtype=torch.float32, ssm_cache_dtype=torch.float32,
+                layer_mask=[i in LAYER_IDS for i in range(max(LAYER_IDS) + 1)], speculative_num_draft_tokens=drafts,
+                **kwargs)
+    return cache_manager_class()(replay_spec=SPEC, replay_cfg=cfg, **args)
+
+
+def test_verify_and_commit_through_trtllm_call_site_and_manager(monkeypatch):
+    """Speculative decoding through the re-enacted call site and ``cache_manager_class()``: T = 3
+    verifies of three requests (and TRT-LLM's padding row) with random acceptance, across flushes
+    (window 4), a prefill beside verifies; every verify output (all T tokens) against the fp64 step
+    recurrence from the committed state, the conv windows after each commit equal to the window
+    after the accepted tokens, and no per-draft SSM buffer kept."""
+    T = 3
+    manager = _spec_manager(monkeypatch, drafts=T - 1)
+    assert manager.mamba_cache.intermediate_ssm is None      # the replay verify keeps no per-draft state
+    gen = torch.Generator().manual_seed(3)
+    params = Params(SPEC, len(LAYER_IDS), gen)
+    model = torch.nn.ModuleList([Mamba2Mixer(i, params.A[k], params.D[k], params.dt_bias[k])
+                                 for k, i in enumerate(LAYER_IDS)])
+    assert wire_mamba2(model, manager.replay, mixer_class=Mamba2Mixer) == 2
+    pad = manager._padding_slot
+    oracle, conv_oracle, errs = {}, {}, []
+
+    def batch(prefill_slots, verify_slots):
+        slots = torch.tensor(prefill_slots + verify_slots, dtype=torch.int32)
+        n_p, n_v = len(prefill_slots), len(verify_slots)
+        meta = SimpleNamespace(num_contexts=n_p, num_seqs=n_p + n_v, seq_lens=torch.ones(n_p + n_v),
+                               kv_cache_manager=manager)
+        accepted = torch.randint(1, T + 1, (n_v,), generator=gen)
+        for k, mixer in enumerate(model):
+            init = torch.randn(n_p, H, P, N, generator=gen) * 0.1
+            init_conv = torch.randn(n_p, CONV_DIM, WIDTH - 1, generator=gen)
+            inp = make_inputs(SPEC, params, k, n_v, T, gen, gate=False)
+            xbc = torch.randn(n_v * T, CONV_DIM, generator=gen)
+            hidden = dict(prefill=init, prefill_conv=init_conv, x=inp["x"].flatten(2).flatten(0, 1),
+                          dt=inp["dt"].flatten(0, 1), B=inp["B"].flatten(2).flatten(0, 1),
+                          C=inp["C"].flatten(2).flatten(0, 1), xbc=xbc)
+            out = mixer(hidden, meta, SimpleNamespace(state_indices=slots),
+                        SimpleNamespace(runtime_draft_len=T - 1)).view(n_v, T, H, P)
+            for s, state, window in zip(prefill_slots, init, init_conv):
+                oracle[k, s], conv_oracle[k, s] = state.double(), window
+            for row, s in enumerate(verify_slots):
+                if s == pad:
+                    assert out[row].eq(0).all()                # a padding row reads and writes nothing
+                    continue
+                state, window = oracle[k, s][None], conv_oracle[k, s]
+                for t in range(T):
+                    tok = {name: (v if name in ("A", "D", "dt_bias") else v[row:row + 1, t])
+                           for name, v in f64(inp).items()}
+                    y, state = step_oracle(SPEC, state, tok)
+                    errs.append(rms_ratio(out[row, t], y[0]))
+                    window = torch.cat([window[:, 1:], xbc.view(n_v, T, -1)[row, t][:, None]], dim=1)
+                    if t + 1 == accepted[row]:
+                        oracle[k, s], conv_oracle[k, s] = state[0], window
+        num_accepted = torch.cat([torch.full((n_p,), 7), accepted]).int()
+        manager.update_mamba_states(meta, num_accepted, slots)
+        for (k, s), window in conv_oracle.items():
+            assert torch.equal(manager.mamba_cache.conv[k, s], window), (k, s)
+
+    batch([0, 1, 2], [])
+    for _ in range(6):                                # accepted 1..3 per verify: flushes at window 4
+        batch([], [2, 0, pad, 1])
+    batch([3, 1], [0, 2])                             # a new request in slot 1 prefills beside verifies
+    for _ in range(5):
+        batch([], [1, 3, pad, 0, 2])
+    assert max(errs) < TOL["float32"] and len(errs) == 2 * T * (6 * 3 + 2 + 5 * 4)
+    for (k, s), state in oracle.items():              # every accepted token is in the state
+        assert rms_ratio(manager.replay.read_state(k, torch.tensor([s]))[0], state) < TOL["float32"]
+
+
+def test_speculative_manager_refusals(monkeypatch):
+    with pytest.raises(ValueError, match="use_replay_state_update: TRT-LLM's own replay"):
+        _spec_manager(monkeypatch, use_replay_state_update=True)
+    with pytest.raises(ValueError, match="max_draft_tokens=1 cannot hold a verify of speculative_num_draft_tokens=2"):
+        _spec_manager(monkeypatch, drafts=2, max_draft_tokens=1)
+    monkeypatch.setenv("TRTLLM_MAMBA2_MTP_USE_CUSTOM_OP", "1")
+    with pytest.raises(ValueError, match="TRTLLM_MAMBA2_MTP_USE_CUSTOM_OP=1"):
+        _spec_manager(monkeypatch)
+    monkeypatch.delenv("TRTLLM_MAMBA2_MTP_USE_CUSTOM_OP")
+    manager = _spec_manager(monkeypatch)
+    meta = SimpleNamespace(num_contexts=0, num_seqs=1)
+    with pytest.raises(ValueError, match="accepted_leaf_positions: tree verify"):
+        manager.update_mamba_states(meta, torch.tensor([1]), torch.tensor([0]), accepted_leaf_positions=torch.zeros(1))

@@ -30,6 +30,9 @@ run on a CPU with the reference backend; :func:`cache_manager_class` ties them t
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import torch
 
 import replayssm as rs
@@ -124,6 +127,30 @@ class ReplayMambaStates:
         if hi > lo:
             self.pool.commit(self._rows(state_indices[lo:hi]), num_accepted_tokens[lo:hi], checked=self.checked)
 
+    def commit_conv_windows(self, conv: torch.Tensor, intermediate_conv_window: torch.Tensor, attn_metadata,
+                            num_accepted_tokens: torch.Tensor, state_indices: torch.Tensor,
+                            src_state_indices: torch.Tensor) -> None:
+        """TRT-LLM's conv-state commit after acceptance, as its ``update_mamba_states`` does it (read
+        at 00bce92): generation row ``r`` of the verify kept the window after each of its T tokens in
+        ``intermediate_conv_window[:, src_state_indices[r], t]``; the window after its accepted tokens
+        becomes its slot's conv state, in every layer. TRT-LLM's shared padding slots are skipped.
+
+        Args:
+            conv: ``[layers, slots, conv_dim, width - 1]``, updated in place.
+            intermediate_conv_window: ``[layers, rows, T, conv_dim, width - 1]``.
+            attn_metadata, num_accepted_tokens, state_indices: as :meth:`update_mamba_states`.
+            src_state_indices: int ``[>= num_seqs - num_contexts]``, the generation rows' entries of
+                ``intermediate_conv_window`` (TRT-LLM's ``intermediate_state_indices``, an arange).
+        """
+        lo, hi = int(attn_metadata.num_contexts), int(attn_metadata.num_seqs)
+        if hi == lo:
+            return
+        slots = self._rows(state_indices[lo:hi])
+        keep = slots >= 0
+        steps = num_accepted_tokens[lo:hi].long() - 1
+        src = src_state_indices[:hi - lo].long()
+        conv[:, slots[keep]] = intermediate_conv_window[:, src[keep], steps[keep]]
+
     def materialize(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
         """Fold the committed rings of ``state_indices`` into TRT-LLM's state tensor, in ``layer`` or
         every layer (before TRT-LLM reads or copies it: its prefill kernels, prefix cache,
@@ -141,8 +168,13 @@ def cache_manager_class():
     The returned class takes TRT-LLM's constructor arguments plus ``replay_spec``, ``replay_cfg``
     and ``replay_state_layout`` keywords, and holds a :class:`ReplayMambaStates` as ``replay``
     (its padding slots: TRT-LLM's ``_padding_slot`` and ``_attention_dp_dummy_slot``).
-    Plain decode only: a speculative manager is refused, since TRT-LLM's ``update_mamba_states``
-    also commits the conv windows (``intermediate_conv_window``), which is not wired to replay.
+    A speculative manager (``speculative_num_draft_tokens``) keeps TRT-LLM's conv-window buffer
+    and drops its per-draft SSM states (``intermediate_ssm``, replaced by None after TRT-LLM's
+    constructor allocated it: the replay verify writes no state); its ``update_mamba_states``
+    commits by a cursor move and TRT-LLM's conv-window copy (:meth:`ReplayMambaStates.update_mamba_states`,
+    :meth:`ReplayMambaStates.commit_conv_windows`). ``replay_cfg.max_draft_tokens`` must cover
+    ``speculative_num_draft_tokens``. Refused: TRT-LLM's own replay (``use_replay_state_update``)
+    and ``TRTLLM_MAMBA2_MTP_USE_CUSTOM_OP=1`` (its MTP op bypasses ``selective_state_update_func``).
     Raises ImportError (saying what to install) without TensorRT-LLM.
     """
     try:
@@ -155,11 +187,32 @@ def cache_manager_class():
 
     class ReplayPythonMambaCacheManager(PythonMambaCacheManager):
         def __init__(self, *args, replay_spec, replay_cfg, replay_state_layout="kv", **kwargs):
+            if kwargs.get("use_replay_state_update"):
+                raise ValueError("use_replay_state_update: TRT-LLM's own replay and replayssm's cannot share the "
+                                 "state; leave it False (TRTLLM_USE_MAMBA_REPLAY=0)")
+            if os.environ.get("TRTLLM_MAMBA2_MTP_USE_CUSTOM_OP") == "1":
+                raise ValueError("TRTLLM_MAMBA2_MTP_USE_CUSTOM_OP=1: TRT-LLM's MTP op bypasses the routed "
+                                 "selective_state_update_func; unset it")
+            drafts = kwargs.get("speculative_num_draft_tokens")
+            if drafts is not None and drafts > replay_cfg.max_draft_tokens:
+                raise ValueError(f"replay_cfg: max_draft_tokens={replay_cfg.max_draft_tokens} cannot hold a verify "
+                                 f"of speculative_num_draft_tokens={drafts} drafts")
             super().__init__(*args, **kwargs)
             if isinstance(self.mamba_cache, self.SpeculativeState):
-                raise ValueError("replay_cfg: speculative decoding through this manager is not wired (conv windows)")
+                self.mamba_cache = dataclasses.replace(self.mamba_cache, intermediate_ssm=None)
+                torch.cuda.empty_cache()
             pads = tuple(p for p in (self._padding_slot, self._attention_dp_dummy_slot) if p is not None)
             self.replay = ReplayMambaStates(replay_spec, replay_cfg, self.mamba_cache.temporal,
                                             state_layout=replay_state_layout, padding_slots=pads)
+
+        def update_mamba_states(self, attn_metadata, num_accepted_tokens, state_indices=None, **kwargs):
+            if kwargs.get("accepted_leaf_positions") is not None:
+                raise ValueError("accepted_leaf_positions: tree verify is not wired to replay")
+            if state_indices is None:                 # TRT-LLM versions whose signature has none
+                state_indices = self.state_indices
+            self.replay.update_mamba_states(attn_metadata, num_accepted_tokens, state_indices)
+            self.replay.commit_conv_windows(self.mamba_cache.conv, self.mamba_cache.intermediate_conv_window,
+                                            attn_metadata, num_accepted_tokens, state_indices,
+                                            self.intermediate_state_indices)
 
     return ReplayPythonMambaCacheManager

@@ -13,10 +13,16 @@ layer's ``kv_cache_manager.get_ssm_states(layer_idx)``. Prefill rows are written
 :func:`wire_mamba2` routes the mixers of a built model to a :class:`~.cache.ReplayMambaStates`
 (whose checkpoint IS the cache manager's ``temporal``): each mixer's ``selective_state_update_func``
 becomes :func:`replay_selective_state_update` (a replay decode of that layer), and its ``forward``
-empties the rings of the rows it prefilled. Plain decode only, like ``cache_manager_class``: a
-verify (``disable_state_update=True``) is refused, since TRT-LLM's spec commit also rolls back conv
-windows, which is not wired. TRT-LLM's own stochastic rounding (``rand_seed``) is refused: use the
-``float16_sr`` checkpoint.
+empties the rings of the rows it prefilled. A target verify goes through the same function: at
+02140fd ``forward`` (``is_target_verify``: a speculative cache manager and ``spec_metadata``) views
+the decode rows as ``[num_decodes, T, ...]`` (T = ``spec_metadata.runtime_draft_len + 1``, each
+request's tokens contiguous), rolls the conv windows forward by all T tokens and keeps each step's
+window in ``layer_cache.intermediate_conv_window``, then calls ``selective_state_update_func`` with
+``disable_state_update=True``, ``intermediate_states_buffer=layer_cache.intermediate_ssm``,
+``cache_steps=T``: here a replay verify (the tokens go to the ring; no state and no per-draft
+state is written, so the buffer may be None). The commit after acceptance is
+``cache_manager_class()``'s ``update_mamba_states`` (cursor move + TRT-LLM's conv-window copy).
+TRT-LLM's own stochastic rounding (``rand_seed``) is refused: use the ``float16_sr`` checkpoint.
 
 GDN (Qwen3-Next / Qwen3.5), written against ``tensorrt_llm/_torch/modules/mamba/gdn_mixer.py`` at
 commit 0d4bd90: ``Qwen3NextGatedDeltaNet.forward_core`` sends a batch without prefills to
@@ -82,23 +88,23 @@ def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias
         x, dt, A, B, C, D, z, dt_bias, dt_softplus, out: as ``selective_state_update``
             (``replayssm.integrations.selective_state_update``); ``out`` ``[n, H, P]`` written in place.
         state_batch_indices: TRT-LLM's slots ``[n]``; its shared padding slots are padded rows.
-        disable_state_update, intermediate_states_buffer, cache_steps, intermediate_state_indices:
-            a verify's; refused (plain decode only).
+        disable_state_update, cache_steps: a target verify's (``x [n, T, H, P]``, ``cache_steps`` = T):
+            T tokens appended to the ring uncommitted, outputs ``[n, T, H, P]``; nothing else written.
+        intermediate_states_buffer, intermediate_state_indices: TRT-LLM's per-draft states; never
+            written (replay keeps no per-draft state; ``cache_manager_class()`` frees the buffer).
         rand_seed, philox_rounds: TRT-LLM's stochastic rounding; refused.
     Returns:
         ``out``.
     """
     states, layer = lookup(state)
-    if disable_state_update or intermediate_states_buffer is not None:
-        raise ValueError("disable_state_update: a speculative verify through Mamba2Mixer is not wired to replay "
-                         "(TRT-LLM's spec commit also rolls back the conv windows); serve plain decode")
     if rand_seed is not None or philox_rounds is not None:
         raise ValueError("rand_seed: TRT-LLM's stochastic rounding cannot run under replay; use the float16_sr "
                          "replay checkpoint (mamba_ssm_stochastic_rounding off)")
-    _, inputs = step_inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus=dt_softplus,
-                            state_batch_indices=state_batch_indices, out=out, disable_state_update=False,
-                            cache_steps=None)
-    return states.decode(layer, state_batch_indices, out=out, **inputs)
+    is_verify, inputs = step_inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus=dt_softplus,
+                                    state_batch_indices=state_batch_indices, out=out,
+                                    disable_state_update=disable_state_update, cache_steps=cache_steps)
+    step = states.verify if is_verify else states.decode
+    return step(layer, state_batch_indices, out=out, **inputs)
 
 
 def wire_mamba2(model: torch.nn.Module, states: ReplayMambaStates, *, mixer_class=None) -> int:
