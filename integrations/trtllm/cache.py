@@ -169,8 +169,8 @@ def cache_manager_class():
     and ``replay_state_layout`` keywords, and holds a :class:`ReplayMambaStates` as ``replay``
     (its padding slots: TRT-LLM's ``_padding_slot`` and ``_attention_dp_dummy_slot``).
     A speculative manager (``speculative_num_draft_tokens``) keeps TRT-LLM's conv-window buffer
-    and drops its per-draft SSM states (``intermediate_ssm``, replaced by None after TRT-LLM's
-    constructor allocated it: the replay verify writes no state); its ``update_mamba_states``
+    and drops its per-draft SSM states (``intermediate_ssm``, replaced by a tensor of no rows after
+    TRT-LLM's constructor allocated it: the replay verify writes no state); its ``update_mamba_states``
     commits by a cursor move and TRT-LLM's conv-window copy (:meth:`ReplayMambaStates.update_mamba_states`,
     :meth:`ReplayMambaStates.commit_conv_windows`). ``replay_cfg.max_draft_tokens`` must cover
     ``speculative_num_draft_tokens``. Refused: TRT-LLM's own replay (``use_replay_state_update``)
@@ -198,8 +198,11 @@ def cache_manager_class():
                 raise ValueError(f"replay_cfg: max_draft_tokens={replay_cfg.max_draft_tokens} cannot hold a verify "
                                  f"of speculative_num_draft_tokens={drafts} drafts")
             super().__init__(*args, **kwargs)
-            if isinstance(self.mamba_cache, self.SpeculativeState):
-                self.mamba_cache = dataclasses.replace(self.mamba_cache, intermediate_ssm=None)
+            ssm = getattr(self.mamba_cache, "intermediate_ssm", None)
+            if ssm is not None:                       # no rows: TRT-LLM's GDN verify asserts the buffer exists
+                empty = ssm.new_empty((ssm.shape[0], 0, *ssm.shape[2:]))
+                self.mamba_cache = dataclasses.replace(self.mamba_cache, intermediate_ssm=empty)
+                del ssm
                 torch.cuda.empty_cache()
             pads = tuple(p for p in (self._padding_slot, self._attention_dp_dummy_slot) if p is not None)
             self.replay = ReplayMambaStates(replay_spec, replay_cfg, self.mamba_cache.temporal,

@@ -20,7 +20,7 @@ request's tokens contiguous), rolls the conv windows forward by all T tokens and
 window in ``layer_cache.intermediate_conv_window``, then calls ``selective_state_update_func`` with
 ``disable_state_update=True``, ``intermediate_states_buffer=layer_cache.intermediate_ssm``,
 ``cache_steps=T``: here a replay verify (the tokens go to the ring; no state and no per-draft
-state is written, so the buffer may be None). The commit after acceptance is
+state is written: the buffer may have no rows). The commit after acceptance is
 ``cache_manager_class()``'s ``update_mamba_states`` (cursor move + TRT-LLM's conv-window copy).
 TRT-LLM's own stochastic rounding (``rand_seed``) is refused: use the ``float16_sr`` checkpoint.
 
@@ -30,11 +30,16 @@ commit 0d4bd90: ``Qwen3NextGatedDeltaNet.forward_core`` sends a batch without pr
 raw gating inputs (``a``, ``b``, ``A_log``, ``dt_bias``), q / k / v as ``[1, N, heads, dim]`` views,
 ``initial_state_source`` the layer's ``temporal`` ``[slots, HV, V, K]`` (``state_layout="vk"``) and
 ``initial_state_indices`` the slots; a batch with prefills goes to ``forward_extend``, whose chunked
-kernel writes the state of every row (decode rows included) in place. :func:`wire_gdn` replaces
-that module-level name with a router (registered state tensors go to replay, others to TRT-LLM's
-function) and wraps each layer's ``forward_extend``: the decode rows' rings are folded into the
-state first (``materialize``), and every row's ring is emptied after (``after_prefill``). Plain decode
-only: a target verify is refused.
+kernel writes the state of every row (decode rows included) in place. A target verify
+(``is_target_verify``) takes the decode rows as ``[N, T, heads, dim]`` in either method and, where
+``_can_use_flashinfer_gdn_verify(ssm_states, K, V, T)`` holds, calls the module-level
+``_flashinfer_gdn_verify`` with the same raw inputs, the pool and the slots (otherwise a Triton kernel
+on a gathered copy of the rows' states, which cannot be routed). :func:`wire_gdn` replaces those three
+module-level names with routers (registered state tensors go to replay, others to TRT-LLM's
+functions; the verify check holds for registered states) and wraps each layer's ``forward_extend``:
+without a verify the decode rows' rings are folded into the state first (``materialize``) and every
+row's ring is emptied after (``after_prefill``); with one, only the prefill rows' rings are emptied
+(the verify rows' rings hold their drafts until ``update_mamba_states`` commits).
 """
 
 from __future__ import annotations
@@ -173,30 +178,70 @@ def replay_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta, so
     if cu_seqlens is not None and tuple(cu_seqlens.shape) != (n + 1,):
         raise ValueError(f"cu_seqlens: expected one token per request, [N + 1] = [{n + 1}], got "
                          f"{list(cu_seqlens.shape)}")
-    act = states.pool.cfg.torch_ring_dtype
-    kf, q_scale = k[0].float(), None
-    if use_qk_l2norm_in_kernel:
-        q_scale = 1.0 / (q[0].float().norm(dim=-1) + 1e-6)
-        kf = kf / (kf.norm(dim=-1, keepdim=True) + 1e-6)
-    g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias.float(), beta=softplus_beta,
-                                                             threshold=softplus_threshold)
     out = None if output is None else output[0]
-    y = states.decode(layer, initial_state_indices, out=out, q=q[0], q_scale=q_scale, k=kf.to(act), v=v[0].to(act),
-                      g=g, beta=torch.sigmoid(b.float()), scale=scale)
+    y = states.decode(layer, initial_state_indices, out=out, scale=scale,
+                      **_gdn_inputs(states, A_log, a, dt_bias, softplus_beta, softplus_threshold, q[0], k[0], v[0], b,
+                                    use_qk_l2norm_in_kernel))
     return y.unsqueeze(0) if output is None else output
 
 
-def _route_gdn(original):
-    """TRT-LLM's ``fused_sigmoid_gating_delta_rule_update`` with registered state tensors sent to replay."""
+def replay_gdn_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
+                      initial_state_indices, intermediate_states_buffer=None, scale=None,
+                      use_qk_l2norm_in_kernel=False, output=None):
+    """A GDN target verify of a replay layer, with the arguments ``forward_decode`` / ``forward_extend``
+    pass ``_flashinfer_gdn_verify`` at 0d4bd90: the T tokens are appended to the ring uncommitted.
+
+    Args:
+        A_log, dt_bias, softplus_beta, softplus_threshold, use_qk_l2norm_in_kernel, scale: as
+            :func:`replay_sigmoid_gating_delta_rule_update`.
+        q, k: ``[N, T, HK, K]``; v: ``[N, T, HV, V]``; a, b: ``[N, T, HV]``.
+        initial_state_source, initial_state_indices: the layer's ``temporal`` of a registered
+            ReplayMambaStates and the rows' slots ``[N]`` (TRT-LLM's shared padding slots: padded rows).
+        intermediate_states_buffer: TRT-LLM's per-draft states; never written.
+        output: ``[N, T, HV, V]``, written in place.
+    Returns:
+        ``[N, T, HV, V]`` (``output`` when given).
+    """
+    states, layer = lookup(initial_state_source)
+    if q.dim() != 4 or k.shape != q.shape or v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"q: expected TRT-LLM's verify views q, k [N, T, HK, K], v [N, T, HV, V], got "
+                         f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    return states.verify(layer, initial_state_indices, out=output, scale=scale,
+                         **_gdn_inputs(states, A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b,
+                                       use_qk_l2norm_in_kernel))
+
+
+def _gdn_inputs(states, A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, use_qk_l2norm_in_kernel):
+    """TRT-LLM's raw GDN inputs (any leading dims) as replay's step inputs, formed as its kernels form
+    them: ``g = -exp(A_log) softplus(a + dt_bias)`` (softplus with ``softplus_beta``, linear above
+    ``softplus_threshold``), ``beta = sigmoid(b)``; with ``use_qk_l2norm_in_kernel`` q and k
+    L2-normalized (``x / (||x|| + 1e-6)``): k before the ring, q as ``q_scale`` (q stays in its dtype,
+    the factor applies to the outputs)."""
+    act = states.pool.cfg.torch_ring_dtype
+    kf, q_scale = k.float(), None
+    if use_qk_l2norm_in_kernel:
+        q_scale = 1.0 / (q.float().norm(dim=-1) + 1e-6)
+        kf = kf / (kf.norm(dim=-1, keepdim=True) + 1e-6)
+    g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias.float(), beta=softplus_beta,
+                                                             threshold=softplus_threshold)
+    return dict(q=q, q_scale=q_scale, k=kf.to(act), v=v.to(act), g=g, beta=torch.sigmoid(b.float()))
+
+
+def _route(original, replay, state):
+    """``original`` (a TRT-LLM function called with keywords) with calls whose ``state`` argument is a
+    registered state tensor sent to ``replay``."""
     @functools.wraps(original)
-    def routed(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
-               initial_state_indices, scale=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, output=None):
-        fn = replay_sigmoid_gating_delta_rule_update if _find(initial_state_source) else original
-        return fn(A_log=A_log, a=a, dt_bias=dt_bias, softplus_beta=softplus_beta,
-                  softplus_threshold=softplus_threshold, q=q, k=k, v=v, b=b,
-                  initial_state_source=initial_state_source, initial_state_indices=initial_state_indices,
-                  scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
-                  output=output)
+    def routed(**kwargs):
+        return (replay if _find(kwargs[state]) else original)(**kwargs)
+    routed.replayssm_original = original
+    return routed
+
+
+def _route_verify_check(original):
+    """TRT-LLM's ``_can_use_flashinfer_gdn_verify(ssm_states, K, V, T)``: True for registered states."""
+    @functools.wraps(original)
+    def routed(ssm_states, *args, **kwargs):
+        return True if _find(ssm_states) else original(ssm_states, *args, **kwargs)
     routed.replayssm_original = original
     return routed
 
@@ -211,11 +256,13 @@ def wire_gdn(model: torch.nn.Module, states: ReplayMambaStates, *, layer_class=N
         layer_class: the GDN layer class to match; None: TRT-LLM's ``Qwen3NextGatedDeltaNet``
             (ImportError saying what to install without TensorRT-LLM). The module that defines it
             holds the ``fused_sigmoid_gating_delta_rule_update`` its ``forward_decode`` calls.
-    The module's ``fused_sigmoid_gating_delta_rule_update`` becomes a router (once per module): the
-    layers of registered states decode through :func:`replay_sigmoid_gating_delta_rule_update`,
-    any other state tensor through TRT-LLM's function. Each layer's ``forward_extend`` folds its
-    decode rows' rings into the state before TRT-LLM's chunked kernel runs and empties every row's
-    ring after; ``forward_decode`` and ``forward_extend`` refuse a target verify.
+    The module's ``fused_sigmoid_gating_delta_rule_update``, ``_can_use_flashinfer_gdn_verify`` and
+    ``_flashinfer_gdn_verify`` become routers (once per module): the layers of registered states
+    decode through :func:`replay_sigmoid_gating_delta_rule_update` and verify through
+    :func:`replay_gdn_verify`, any other state tensor through TRT-LLM's functions. Each layer's
+    ``forward_extend`` folds its decode rows' rings into the state before TRT-LLM's chunked kernel
+    runs and empties every row's ring after (in a verify, the prefill rows' only). A verify commits
+    through ``cache_manager_class()``'s ``update_mamba_states``.
     """
     if layer_class is None:
         try:
@@ -223,47 +270,39 @@ def wire_gdn(model: torch.nn.Module, states: ReplayMambaStates, *, layer_class=N
         except ImportError as e:
             raise ImportError(f"replayssm.integrations.trtllm.wire_gdn: {INSTALL_HINT} ({e})") from e
     module = sys.modules[layer_class.__module__]
-    original = getattr(module, "fused_sigmoid_gating_delta_rule_update", None)
-    if original is None:
-        raise ValueError(f"layer_class: its module {module.__name__} has no fused_sigmoid_gating_delta_rule_update "
-                         "to route (written against TRT-LLM 0d4bd90)")
+    routes = {"fused_sigmoid_gating_delta_rule_update": lambda f: _route(f, replay_sigmoid_gating_delta_rule_update,
+                                                                         "initial_state_source"),
+              "_can_use_flashinfer_gdn_verify": _route_verify_check,
+              "_flashinfer_gdn_verify": lambda f: _route(f, replay_gdn_verify, "initial_state_source")}
+    missing = [name for name in routes if getattr(module, name, None) is None]
+    if missing:
+        raise ValueError(f"layer_class: its module {module.__name__} has no {', '.join(missing)} to route (written "
+                         "against TRT-LLM 0d4bd90)")
     register(states)
     layers = [m for m in model.modules() if isinstance(m, layer_class)]
     for layer in layers:
         if getattr(layer.forward_extend, "replayssm_wired", False):
             raise ValueError(f"model: GDN layer {layer.layer_idx} is already wired to replay")
-    if not hasattr(original, "replayssm_original"):
-        module.fused_sigmoid_gating_delta_rule_update = _route_gdn(original)
+    for name, route in routes.items():
+        if not hasattr(getattr(module, name), "replayssm_original"):
+            setattr(module, name, route(getattr(module, name)))
     for layer in layers:
-        layer.forward_decode = _plain_decode_only(layer.forward_decode)
         layer.forward_extend = _fold_around_extend(layer.forward_extend)
     return len(layers)
-
-
-def _refuse_verify(is_target_verify):
-    if is_target_verify:
-        raise ValueError("is_target_verify: a speculative verify through Qwen3NextGatedDeltaNet is not wired to "
-                         "replay (TRT-LLM's spec commit also rolls back the conv windows); serve plain decode")
-
-
-def _plain_decode_only(forward_decode):
-    @functools.wraps(forward_decode)
-    def wired(*args, is_target_verify=False, **kwargs):
-        _refuse_verify(is_target_verify)
-        return forward_decode(*args, is_target_verify=False, **kwargs)
-    wired.replayssm_wired = True
-    return wired
 
 
 def _fold_around_extend(forward_extend):
     @functools.wraps(forward_extend)
     def wired(conv_states, ssm_states, *args, is_target_verify=False, **kwargs):
-        _refuse_verify(is_target_verify)
         states, layer = lookup(ssm_states)
-        if kwargs["num_decodes"] > 0:
-            states.materialize(kwargs["state_indices_d"], layer=layer)
-        out = forward_extend(conv_states, ssm_states, *args, is_target_verify=False, **kwargs)
-        states.after_prefill(kwargs["cache_indices"], layer=layer)
+        if is_target_verify:              # the verify rows' rings hold their drafts: only prefills reset
+            rows = kwargs["state_indices_p"]
+        else:                             # the chunked kernel steps the decode rows from the state
+            if kwargs["num_decodes"] > 0:
+                states.materialize(kwargs["state_indices_d"], layer=layer)
+            rows = kwargs["cache_indices"]
+        out = forward_extend(conv_states, ssm_states, *args, is_target_verify=is_target_verify, **kwargs)
+        states.after_prefill(rows, layer=layer)
         return out
     wired.replayssm_wired = True
     return wired
