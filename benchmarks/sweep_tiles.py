@@ -51,7 +51,9 @@ from shapes import MODEL_SPECS, WINDOW  # noqa: E402
 VERIFY_T = 8
 CANDIDATES = {
     "mamba2": {
-        "decode": [(dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False), 16),
+        "decode": [(dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_stages=4), 16),
+                   (dict(rows=64, num_warps=1, chunk=64, stages=3, acc=False), 16),
+                   (dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False), 16),
                    (dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False), 32),
                    (dict(rows=64, num_warps=4, chunk=32, stages=3, acc=False), 16),
                    (dict(rows=64, num_warps=4, chunk=32, stages=3, acc=False), 32),

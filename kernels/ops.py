@@ -62,7 +62,11 @@ _compiled: set = set()
 # of its words on contiguous channels once per chunk: GDN 64 rows / 1 warp / chunk 64 / 3 stages 103.2 / 106.9 /
 # 163.0 (Qwen3.5; 189.6 / 194.0 / 307.5 at 122B dims) against 210.5 / 214.4 / 264.6 at the earlier 64 / 2 / 64 / 2
 # (143.0 / 171.5 / 200.3 before the change); Mamba-2 the same tile 154.3 / 156.9 / 243.1 (Nemotron-H) against
-# 264.3 / 268.8 / 345.2 at 64 / 2 / 64 / 2 (216.2 / 274.6 / 303.0 before).
+# 264.3 / 268.8 / 345.2 at 64 / 2 / 64 / 2 (216.2 / 274.6 / 303.0 before). The Mamba-2 decode on the checkpoint
+# (2026-12-01, Nemotron-H, batch 256, w=7 / flush / staggered / amortized over a 16-step window us): 64 rows / 1 warp /
+# chunk 64 / 2 stages with a 4-deep fold 278.6 / 786.9 / 322.5 / 304.0 against 297.6 / 887.5 / 345.2 / 329.8 at
+# 64 / 2 / 32 / 3 (fold 3-deep); a fold 2-, 3- or 6-deep, fold chunks of 8 or 32, 32 rows and 3- or 4-deep
+# state pipelines were slower (docs/sweep-h200-2026-12-01c.txt).
 # verify_flush (2026-12-01, batch 256, T = 8 verify whose rows all / half flush, checkpoint / NVFP4 us): GDN 16 rows /
 # 1 warp 1818.7 / 977.2 / 2448.0 / 1418.5 (Qwen3.5; 32 / 8 warps was 5906.7 / 3135.4 / 7983.6 / 4510.9), KDA 3362.0 /
 # 2070.1 / 4205.8 / 2731.4 (9943.5 / 5270.3 / 11806.0 / 7050.0); Mamba-2 64 rows / 2 warps 1524.8 / 992.2 / 2667.6 /
@@ -81,7 +85,8 @@ _compiled: set = set()
 # 628.4 / 657.5 (920.6, 1029.6); GDN 250.3 / 223.9 / 257.6 against 210.6 / 228.6 / 257.8 (238.9, 286.0), so GDN's
 # checkpoint verify takes 8 (behind NVFP4, 210.7 against 214.2 at T = 2).
 TILES = {
-    "mamba2": {"decode": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False, fold_chunk=16, dot="tf32x3"),
+    "mamba2": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=4,
+                              dot="tf32x3"),
                "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
                "read": dict(rows=64, num_warps=1, chunk=64, stages=3, acc=True),
                "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=16),
