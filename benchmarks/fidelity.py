@@ -9,7 +9,8 @@ run of the same inputs:
   shared X: the conventional step with the state stored in X after every token (what frameworks
             do today): bf16, fp16, fp16 with stochastic rounding, fp8, nvfp4;
   split:    replayssm pools: fp32 checkpoint + fp8 / nvfp4 read copy; fp16-SR checkpoint + nvfp4
-            read copy; bf16 checkpoint + nvfp4 read copy (window 16).
+            read copy; bf16 checkpoint + nvfp4 read copy (window 16); and the fp32 / fp16-SR
+            checkpoint read directly (no read copy), which isolates the checkpoint's own rounding.
 Metrics per segment of the run: relative output error (RMS ratio over the segment) and the KL
 divergence of next-token distributions through a fixed random LM head (vocab 512).
 """
@@ -34,7 +35,9 @@ SPECS = {
 }
 SHARED = ("bf16", "fp16", "fp16_sr", "fp8", "nvfp4")
 SPLIT = {"fp32 ckpt + fp8 read": ("float32", "fp8"), "fp32 ckpt + nvfp4 read": ("float32", "nvfp4"),
-         "fp16-SR ckpt + nvfp4 read": ("float16_sr", "nvfp4"), "bf16 ckpt + nvfp4 read": ("bfloat16", "nvfp4")}
+         "fp16-SR ckpt + nvfp4 read": ("float16_sr", "nvfp4"), "bf16 ckpt + nvfp4 read": ("bfloat16", "nvfp4"),
+         # the checkpoint read directly: its own rounding (once per flush), with no read copy in front of it
+         "fp32 ckpt": ("float32", "checkpoint"), "fp16-SR ckpt": ("float16_sr", "checkpoint")}
 
 
 def inputs(spec, n, gen, A):
