@@ -192,6 +192,25 @@ def test_repeated_slot_needs_padding_slots():
         states.decode(0, SLOTS.float(), **inp)
 
 
+def test_conv_window_commit_copies_the_accepted_windows_without_host_reads():
+    """TRT-LLM's conv-state commit: each generation row's window after its accepted tokens becomes its
+    slot's conv state in every layer; context rows in front are skipped; no device value is read."""
+    states = _states()
+    gen = torch.Generator().manual_seed(3)
+    conv = torch.randn(NL, S, 6, 3, generator=gen)
+    window = torch.randn(NL, S, 3, 6, 3, generator=gen)              # [layers, rows, T, conv_dim, width - 1]
+    before = conv.clone()
+    meta = SimpleNamespace(num_contexts=1, num_seqs=4)
+    slots, accepted = torch.tensor([0, 3, 1, 4]), torch.tensor([9, 2, 3, 1])
+    with HostReads() as mode:
+        states.commit_conv_windows(conv, window, meta, accepted, slots, torch.arange(S, dtype=torch.int32))
+    assert mode.found == []
+    for row, (slot, acc) in enumerate(zip(slots[1:].tolist(), accepted[1:].tolist())):
+        assert torch.equal(conv[:, slot], window[:, row, acc - 1])
+    for slot in (0, 2):                                            # the context row's slot and an unused one
+        assert torch.equal(conv[:, slot], before[:, slot])
+
+
 def test_commit_without_generation_rows_is_a_no_op():
     states = _states()
     before = {k: v.clone() for k, v in states.pool.cursors.items()}

@@ -133,7 +133,9 @@ class ReplayMambaStates:
         """TRT-LLM's conv-state commit after acceptance, as its ``update_mamba_states`` does it (read
         at 00bce92): generation row ``r`` of the verify kept the window after each of its T tokens in
         ``intermediate_conv_window[:, src_state_indices[r], t]``; the window after its accepted tokens
-        becomes its slot's conv state, in every layer. TRT-LLM's shared padding slots are skipped.
+        becomes its slot's conv state, in every layer. Rows of TRT-LLM's shared padding slots are
+        copied like the others, as TRT-LLM does (their windows feed only discarded outputs), so that
+        nothing depends on a device value's count (no host synchronization, CUDA-graph safe).
 
         Args:
             conv: ``[layers, slots, conv_dim, width - 1]``, updated in place.
@@ -145,11 +147,8 @@ class ReplayMambaStates:
         lo, hi = int(attn_metadata.num_contexts), int(attn_metadata.num_seqs)
         if hi == lo:
             return
-        slots = self._rows(state_indices[lo:hi])
-        keep = slots >= 0
         steps = num_accepted_tokens[lo:hi].long() - 1
-        src = src_state_indices[:hi - lo].long()
-        conv[:, slots[keep]] = intermediate_conv_window[:, src[keep], steps[keep]]
+        conv[:, state_indices[lo:hi].long()] = intermediate_conv_window[:, src_state_indices[:hi - lo].long(), steps]
 
     def materialize(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
         """Fold the committed rings of ``state_indices`` into TRT-LLM's state tensor, in ``layer`` or
