@@ -25,7 +25,7 @@ from einops import rearrange, repeat
 from helpers import SPECS, TOL, Params, f64, make_inputs, rms_ratio, step_oracle
 
 import replayssm as rs
-from replayssm.integrations.trtllm.cache import ReplayMambaStates, cache_manager_class
+from replayssm.integrations.trtllm.cache import ReplayMambaStates, cache_manager_class, layer_spec
 from replayssm.integrations.trtllm.mixer import replay_selective_state_update, wire_mamba2
 
 SPEC = SPECS["mamba2"]
@@ -275,6 +275,12 @@ def test_verify_and_commit_through_trtllm_call_site_and_manager(monkeypatch):
     model = torch.nn.ModuleList([Mamba2Mixer(i, params.A[k], params.D[k], params.dt_bias[k])
                                  for k, i in enumerate(LAYER_IDS)])
     assert wire_mamba2(model, manager.replay, mixer_class=Mamba2Mixer) == 2
+    _speculative_run(manager, model, params, gen, T)
+
+
+def _speculative_run(manager, model, params, gen, T):
+    """Prefills, T-token verifies with random acceptance across flushes (window 4) and a prefill beside
+    verifies through ``model``'s mixers over ``manager``; commits by ``manager.update_mamba_states``."""
     pad = manager._padding_slot
     oracle, conv_oracle, errs = {}, {}, []
 
@@ -323,6 +329,82 @@ def test_verify_and_commit_through_trtllm_call_site_and_manager(monkeypatch):
     assert max(errs) < TOL["float32"] and len(errs) == 2 * T * (6 * 3 + 2 + 5 * 4)
     for (k, s), state in oracle.items():              # every accepted token is in the state
         assert rms_ratio(manager.replay.read_state(k, torch.tensor([s]))[0], state) < TOL["float32"]
+
+
+class MambaCacheManager:
+    """TRT-LLM's facade over its Python manager (00bce92; the Mixed hybrid manager's base): builds
+    ``self._impl`` by the module-global name ``PythonMambaCacheManager`` and forwards to it."""
+
+    def __init__(self, module, **kwargs):
+        self._impl = module.PythonMambaCacheManager(**kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._impl, name)
+
+
+def _reenacted_gdn_module(monkeypatch):
+    """A module holding a GDN layer class and the three functions TRT-LLM's GDN layer calls."""
+    module = types.ModuleType("reenacted_gdn_mixer")
+    for name in ("fused_sigmoid_gating_delta_rule_update", "_can_use_flashinfer_gdn_verify", "_flashinfer_gdn_verify"):
+        setattr(module, name, lambda *args, **kwargs: None)
+    module.Qwen3NextGatedDeltaNet = type("Qwen3NextGatedDeltaNet", (), {
+        "__module__": module.__name__, "forward_extend": lambda self, conv_states, ssm_states, **kwargs: None})
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return module
+
+
+def test_enable_replay_puts_replay_managers_and_layers_in_trtllm_executor(monkeypatch):
+    """``executor.enable_replay`` over re-enacted TRT-LLM modules: the facade TRT-LLM's executor builds
+    holds a replay manager (dims, checkpoint dtype, draft budget from TRT-LLM's arguments; TRT-LLM's
+    own replay off), mixers built afterwards route to it, and speculative decoding through them
+    matches the fp64 recurrence; the GDN layer class and its module's functions are routed."""
+    from replayssm.integrations.trtllm.executor import enable_replay
+    T = 3
+    cache = types.ModuleType("reenacted_mamba_cache_manager")
+    seen = []
+
+    class PythonManager(PythonMambaCacheManager):
+        def __init__(self, **kwargs):
+            seen.append(kwargs["use_replay_state_update"])
+            super().__init__(**kwargs)
+
+    cache.PythonMambaCacheManager = PythonManager
+    mixer_class = type("Mamba2Mixer", (Mamba2Mixer,), {})
+    gdn = _reenacted_gdn_module(monkeypatch)
+    with pytest.raises(ValueError, match="read_format: expected one of"):
+        enable_replay(read_format="int4", modules=dict(cache=cache, mamba2=SimpleNamespace(Mamba2Mixer=mixer_class),
+                                                       gdn=gdn))
+    enable_replay(window=4, ring_dtype="float32",
+                  modules=dict(cache=cache, mamba2=SimpleNamespace(Mamba2Mixer=mixer_class), gdn=gdn))
+    assert getattr(gdn.Qwen3NextGatedDeltaNet.forward_extend, "replayssm_wired", False)
+    assert hasattr(gdn._flashinfer_gdn_verify, "replayssm_original")
+    with pytest.raises(ValueError, match="enable_replay: already enabled"):
+        enable_replay(modules=dict(cache=cache, mamba2=SimpleNamespace(Mamba2Mixer=mixer_class), gdn=gdn))
+    manager = MambaCacheManager(
+        cache, d_state=N, d_conv=WIDTH, num_heads=H, n_groups=G, head_dim=P, num_layers=len(LAYER_IDS),
+        max_batch_size=S, spec_state_size=S, mapping=None, dtype=torch.float32, ssm_cache_dtype=torch.float32,
+        layer_mask=[i in LAYER_IDS for i in range(max(LAYER_IDS) + 1)], speculative_num_draft_tokens=T - 1,
+        model_type="nemotron_hybrid", use_replay_state_update=True)
+    cfg = manager.replay.pool.cfg
+    assert seen == [False] and (cfg.window, cfg.max_draft_tokens, cfg.checkpoint_dtype) == (4, T - 1, "float32")
+    assert manager.replay.pool.spec == SPEC
+    gen = torch.Generator().manual_seed(5)
+    params = Params(SPEC, len(LAYER_IDS), gen)
+    model = torch.nn.ModuleList([mixer_class(i, params.A[k], params.D[k], params.dt_bias[k])
+                                 for k, i in enumerate(LAYER_IDS)])
+    _speculative_run(manager, model, params, gen, T)
+
+
+def test_layer_spec_from_trtllm_state_tensors():
+    gdn = SPECS["gdn"]
+    temporal = torch.zeros(1, 2, gdn.num_v_heads, gdn.head_v_dim, gdn.head_k_dim)
+    conv = torch.zeros(1, 2, 2 * gdn.num_k_heads * gdn.head_k_dim + gdn.num_v_heads * gdn.head_v_dim, 3)
+    assert layer_spec("qwen3_next", temporal, conv) == gdn
+    assert layer_spec("nemotron_hybrid", torch.zeros(1, 2, H, P, N), torch.zeros(1, 2, CONV_DIM, 3)) == SPEC
+    with pytest.raises(ValueError, match="model_type: replay serves nemotron_hybrid"):
+        layer_spec("kimi_linear", temporal, conv)
+    with pytest.raises(ValueError, match="conv: 5 channels do not fit"):
+        layer_spec("nemotron_hybrid", torch.zeros(1, 2, H, P, N), torch.zeros(1, 2, 5, 3))
 
 
 def test_speculative_manager_refusals(monkeypatch):

@@ -8,8 +8,10 @@
 - ``cache``: ``ReplayMambaStates``, replay bookkeeping over TRT-LLM's own SSM state tensor, and
   ``cache_manager_class`` (TRT-LLM's ``PythonMambaCacheManager`` with it; needs TensorRT-LLM).
 - ``mixer``: ``wire_mamba2`` / ``wire_gdn`` route a built model's ``Mamba2Mixer`` /
-  ``Qwen3NextGatedDeltaNet`` decode call sites to a ``ReplayMambaStates`` (plain decode; TRT-LLM's
+  ``Qwen3NextGatedDeltaNet`` decode and verify call sites to a ``ReplayMambaStates`` (TRT-LLM's
   classes are imported when called).
+- ``executor``: ``enable_replay`` makes TRT-LLM's own PyTorch executor build replay managers and
+  route its SSM layers to them, from an out-of-tree module (``trtllm-serve --custom_module_dirs``).
 
 Nothing here imports tensorrt or tensorrt_llm at import time. README.md, "TensorRT-LLM", says what
 was verified where and what never ran.

@@ -161,7 +161,27 @@ class ReplayMambaStates:
         return self.pool.read_state(layer, self._rows(state_indices))
 
 
-def cache_manager_class():
+# TRT-LLM's SSM cache dtype -> the replay checkpoint stored in it
+_CHECKPOINT_OF = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16_sr"}
+
+
+def layer_spec(model_type: str, temporal: torch.Tensor, conv: torch.Tensor) -> rs.LayerSpec:
+    """A rank's layer dims from TRT-LLM's state tensors (``PythonMambaCacheManager`` at 00bce92):
+    ``nemotron_hybrid`` (Mamba-2) ``temporal [layers, slots, H, P, N]``, conv channels ``H P + 2 G N``;
+    ``qwen3_next`` (GDN) ``temporal [layers, slots, HV, V, K]``, conv channels ``2 HK K + HV V``."""
+    if model_type not in ("nemotron_hybrid", "qwen3_next"):
+        raise ValueError(f"model_type: replay serves nemotron_hybrid (Mamba-2) and qwen3_next (GDN), "
+                         f"got {model_type!r}")
+    heads, dim, state = temporal.shape[2:]
+    groups, rest = divmod(conv.shape[2] - heads * dim, 2 * state)
+    if rest or groups < 1:
+        raise ValueError(f"conv: {conv.shape[2]} channels do not fit {heads} x {dim} and groups of 2 x {state}")
+    if model_type == "nemotron_hybrid":
+        return rs.LayerSpec.mamba2(num_heads=heads, head_dim=dim, state_dim=state, num_groups=groups)
+    return rs.LayerSpec.gdn(num_k_heads=groups, num_v_heads=heads, head_k_dim=state, head_v_dim=dim)
+
+
+def cache_manager_class(base=None, *, defaults: dict | None = None):
     """TRT-LLM's ``PythonMambaCacheManager`` with replay on its ``temporal`` tensor (never run here).
 
     The returned class takes TRT-LLM's constructor arguments plus ``replay_spec``, ``replay_cfg``
@@ -174,26 +194,42 @@ def cache_manager_class():
     :meth:`ReplayMambaStates.commit_conv_windows`). ``replay_cfg.max_draft_tokens`` must cover
     ``speculative_num_draft_tokens``. Refused: TRT-LLM's own replay (``use_replay_state_update``)
     and ``TRTLLM_MAMBA2_MTP_USE_CUSTOM_OP=1`` (its MTP op bypasses ``selective_state_update_func``).
-    Raises ImportError (saying what to install) without TensorRT-LLM.
-    """
-    try:
-        from tensorrt_llm._torch.pyexecutor.mamba_cache_manager import PythonMambaCacheManager
-    except ImportError:
-        try:
-            from tensorrt_llm._torch.pyexecutor.kv_cache.mamba_cache_manager import PythonMambaCacheManager
-        except ImportError as e:
-            raise ImportError(f"replayssm.integrations.trtllm.cache_manager_class: {INSTALL_HINT} ({e})") from e
 
-    class ReplayPythonMambaCacheManager(PythonMambaCacheManager):
-        def __init__(self, *args, replay_spec, replay_cfg, replay_state_layout="kv", **kwargs):
-            if kwargs.get("use_replay_state_update"):
+    Args:
+        base: the class to extend; None imports TRT-LLM's (ImportError saying what to install
+            without TensorRT-LLM).
+        defaults: ``ReplayConfig`` fields for a manager built without ``replay_cfg``, as TRT-LLM's own
+            executor builds it once ``executor.enable_replay`` put this class in its place: the layer
+            dims then come from the state tensors (:func:`layer_spec`), the checkpoint dtype from
+            ``ssm_cache_dtype``, ``max_draft_tokens`` from ``speculative_num_draft_tokens``, the layout
+            from ``model_type`` (``qwen3_next``: "vk"), and TRT-LLM's own replay is turned off.
+    """
+    if base is None:
+        try:
+            from tensorrt_llm._torch.pyexecutor.mamba_cache_manager import PythonMambaCacheManager as base
+        except ImportError:
+            try:
+                from tensorrt_llm._torch.pyexecutor.kv_cache.mamba_cache_manager import PythonMambaCacheManager as base
+            except ImportError as e:
+                raise ImportError(f"replayssm.integrations.trtllm.cache_manager_class: {INSTALL_HINT} ({e})") from e
+
+    class ReplayPythonMambaCacheManager(base):
+        replayssm_defaults = defaults
+
+        def __init__(self, *args, replay_spec=None, replay_cfg=None, replay_state_layout=None, **kwargs):
+            auto = replay_cfg is None
+            if auto and defaults is None:
+                raise ValueError("replay_cfg: expected a replayssm.ReplayConfig")
+            if auto:
+                kwargs["use_replay_state_update"] = False     # replayssm's replay replaces TRT-LLM's own
+            elif kwargs.get("use_replay_state_update"):
                 raise ValueError("use_replay_state_update: TRT-LLM's own replay and replayssm's cannot share the "
                                  "state; leave it False (TRTLLM_USE_MAMBA_REPLAY=0)")
             if os.environ.get("TRTLLM_MAMBA2_MTP_USE_CUSTOM_OP") == "1":
                 raise ValueError("TRTLLM_MAMBA2_MTP_USE_CUSTOM_OP=1: TRT-LLM's MTP op bypasses the routed "
                                  "selective_state_update_func; unset it")
             drafts = kwargs.get("speculative_num_draft_tokens")
-            if drafts is not None and drafts > replay_cfg.max_draft_tokens:
+            if not auto and drafts is not None and drafts > replay_cfg.max_draft_tokens:
                 raise ValueError(f"replay_cfg: max_draft_tokens={replay_cfg.max_draft_tokens} cannot hold a verify "
                                  f"of speculative_num_draft_tokens={drafts} drafts")
             super().__init__(*args, **kwargs)
@@ -203,9 +239,19 @@ def cache_manager_class():
                 self.mamba_cache = dataclasses.replace(self.mamba_cache, intermediate_ssm=empty)
                 del ssm
                 torch.cuda.empty_cache()
+            model_type = kwargs.get("model_type", "nemotron_hybrid")
+            temporal = self.mamba_cache.temporal
+            if auto:
+                if temporal.dtype not in _CHECKPOINT_OF:
+                    raise ValueError(f"ssm_cache_dtype: replay keeps its checkpoint in float32, bfloat16 or float16, "
+                                     f"got {temporal.dtype}")
+                replay_cfg = rs.ReplayConfig(**{**defaults, "checkpoint_dtype": _CHECKPOINT_OF[temporal.dtype],
+                                                "max_draft_tokens": max(defaults.get("max_draft_tokens", 0),
+                                                                        drafts or 0)})
+            spec = replay_spec or layer_spec(model_type, temporal, self.mamba_cache.conv)
+            layout = replay_state_layout or ("vk" if model_type == "qwen3_next" else "kv")
             pads = tuple(p for p in (self._padding_slot, self._attention_dp_dummy_slot) if p is not None)
-            self.replay = ReplayMambaStates(replay_spec, replay_cfg, self.mamba_cache.temporal,
-                                            state_layout=replay_state_layout, padding_slots=pads)
+            self.replay = ReplayMambaStates(spec, replay_cfg, temporal, state_layout=layout, padding_slots=pads)
 
         def update_mamba_states(self, attn_metadata, num_accepted_tokens, state_indices=None, **kwargs):
             if kwargs.get("accepted_leaf_positions") is not None:

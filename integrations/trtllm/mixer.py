@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import types
 import weakref
 
 import torch
@@ -135,18 +136,49 @@ def wire_mamba2(model: torch.nn.Module, states: ReplayMambaStates, *, mixer_clas
         if getattr(mixer.forward, "replayssm_wired", False):
             raise ValueError(f"model: mixer of layer {mixer.layer_idx} is already wired to replay")
         mixer.selective_state_update_func = replay_selective_state_update
-        mixer.forward = _refresh_after_prefill(mixer, mixer.forward)
+        mixer.forward = types.MethodType(_resetting_prefills(type(mixer).forward), mixer)
     return len(mixers)
 
 
-def _refresh_after_prefill(mixer, forward):
+def route_mamba2_class(mixer_class) -> None:
+    """Route every ``Mamba2Mixer`` built from now on (``executor.enable_replay``): its
+    ``selective_state_update_func`` sends registered states to :func:`replay_selective_state_update`
+    and others to the function TRT-LLM chose; ``forward`` resets the rings of the registered rows it
+    prefilled."""
+    if getattr(mixer_class.forward, "replayssm_wired", False):
+        raise ValueError(f"mixer_class: {mixer_class.__name__} is already routed to replay")
+    init = mixer_class.__init__
+
+    @functools.wraps(init)
+    def routed_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.selective_state_update_func = _route_positional(self.selective_state_update_func,
+                                                             replay_selective_state_update)
+
+    mixer_class.__init__ = routed_init
+    mixer_class.forward = _resetting_prefills(mixer_class.forward)
+
+
+def _route_positional(original, replay):
+    """``original(state, ...)`` with registered states sent to ``replay``."""
+    @functools.wraps(original)
+    def routed(state, *args, **kwargs):
+        return (replay if _find(state) else original)(state, *args, **kwargs)
+    routed.replayssm_original = original
+    return routed
+
+
+def _resetting_prefills(forward):
+    """``Mamba2Mixer.forward`` (unbound) that then empties the rings of the rows it prefilled (the
+    first ``attn_metadata.num_contexts`` of ``mamba_metadata.state_indices``), if its layer's state is
+    registered."""
     @functools.wraps(forward)
-    def wired(hidden_states, attn_metadata, mamba_metadata, *args, **kwargs):
-        out = forward(hidden_states, attn_metadata, mamba_metadata, *args, **kwargs)
+    def wired(self, hidden_states, attn_metadata, mamba_metadata, *args, **kwargs):
+        out = forward(self, hidden_states, attn_metadata, mamba_metadata, *args, **kwargs)
         prefills = int(attn_metadata.num_contexts)
-        if prefills:
-            states, layer = lookup(attn_metadata.kv_cache_manager.get_ssm_states(mixer.layer_idx))
-            states.after_prefill(mamba_metadata.state_indices[:prefills], layer=layer)
+        found = _find(attn_metadata.kv_cache_manager.get_ssm_states(self.layer_idx)) if prefills else None
+        if found:
+            found[0].after_prefill(mamba_metadata.state_indices[:prefills], layer=found[1])
         return out
     wired.replayssm_wired = True
     return wired
@@ -269,7 +301,27 @@ def wire_gdn(model: torch.nn.Module, states: ReplayMambaStates, *, layer_class=N
             from tensorrt_llm._torch.modules.mamba.gdn_mixer import Qwen3NextGatedDeltaNet as layer_class
         except ImportError as e:
             raise ImportError(f"replayssm.integrations.trtllm.wire_gdn: {INSTALL_HINT} ({e})") from e
-    module = sys.modules[layer_class.__module__]
+    layers = [m for m in model.modules() if isinstance(m, layer_class)]
+    for layer in layers:
+        if getattr(layer.forward_extend, "replayssm_wired", False):
+            raise ValueError(f"model: GDN layer {layer.layer_idx} is already wired to replay")
+    _route_gdn_module(sys.modules[layer_class.__module__])
+    register(states)
+    for layer in layers:
+        layer.forward_extend = types.MethodType(_folding_around_extend(type(layer).forward_extend), layer)
+    return len(layers)
+
+
+def route_gdn_class(layer_class) -> None:
+    """Route every ``Qwen3NextGatedDeltaNet`` (``executor.enable_replay``): its module's decode and verify
+    functions (as :func:`wire_gdn`) and its ``forward_extend``, for the layers whose state is registered."""
+    if getattr(layer_class.forward_extend, "replayssm_wired", False):
+        raise ValueError(f"layer_class: {layer_class.__name__} is already routed to replay")
+    _route_gdn_module(sys.modules[layer_class.__module__])
+    layer_class.forward_extend = _folding_around_extend(layer_class.forward_extend)
+
+
+def _route_gdn_module(module) -> None:
     routes = {"fused_sigmoid_gating_delta_rule_update": lambda f: _route(f, replay_sigmoid_gating_delta_rule_update,
                                                                          "initial_state_source"),
               "_can_use_flashinfer_gdn_verify": _route_verify_check,
@@ -278,30 +330,26 @@ def wire_gdn(model: torch.nn.Module, states: ReplayMambaStates, *, layer_class=N
     if missing:
         raise ValueError(f"layer_class: its module {module.__name__} has no {', '.join(missing)} to route (written "
                          "against TRT-LLM 0d4bd90)")
-    register(states)
-    layers = [m for m in model.modules() if isinstance(m, layer_class)]
-    for layer in layers:
-        if getattr(layer.forward_extend, "replayssm_wired", False):
-            raise ValueError(f"model: GDN layer {layer.layer_idx} is already wired to replay")
     for name, route in routes.items():
         if not hasattr(getattr(module, name), "replayssm_original"):
             setattr(module, name, route(getattr(module, name)))
-    for layer in layers:
-        layer.forward_extend = _fold_around_extend(layer.forward_extend)
-    return len(layers)
 
 
-def _fold_around_extend(forward_extend):
+def _folding_around_extend(forward_extend):
+    """``forward_extend`` (unbound) of a GDN layer, its registered state's rings folded and reset around it."""
     @functools.wraps(forward_extend)
-    def wired(conv_states, ssm_states, *args, is_target_verify=False, **kwargs):
-        states, layer = lookup(ssm_states)
+    def wired(self, conv_states, ssm_states, *args, is_target_verify=False, **kwargs):
+        found = _find(ssm_states)
+        if found is None:
+            return forward_extend(self, conv_states, ssm_states, *args, is_target_verify=is_target_verify, **kwargs)
+        states, layer = found
         if is_target_verify:              # the verify rows' rings hold their drafts: only prefills reset
             rows = kwargs["state_indices_p"]
         else:                             # the chunked kernel steps the decode rows from the state
             if kwargs["num_decodes"] > 0:
                 states.materialize(kwargs["state_indices_d"], layer=layer)
             rows = kwargs["cache_indices"]
-        out = forward_extend(conv_states, ssm_states, *args, is_target_verify=is_target_verify, **kwargs)
+        out = forward_extend(self, conv_states, ssm_states, *args, is_target_verify=is_target_verify, **kwargs)
         states.after_prefill(rows, layer=layer)
         return out
     wired.replayssm_wired = True
