@@ -393,6 +393,11 @@ def test_enable_replay_puts_replay_managers_and_layers_in_trtllm_executor(monkey
     model = torch.nn.ModuleList([mixer_class(i, params.A[k], params.D[k], params.dt_bias[k])
                                  for k, i in enumerate(LAYER_IDS)])
     _speculative_run(manager, model, params, gen, T)
+    # states replay does not own keep TRT-LLM's functions
+    with pytest.raises(AssertionError, match="not routed"):
+        model[0].selective_state_update_func(torch.zeros(S, H, P, N), None, None, None, None, None)
+    other = torch.zeros(S, 4, 5, 16)
+    assert gdn.Qwen3NextGatedDeltaNet().forward_extend(None, other, num_decodes=1) is None
 
 
 def test_layer_spec_from_trtllm_state_tensors():
