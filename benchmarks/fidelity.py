@@ -13,6 +13,14 @@ run of the same inputs:
             checkpoint read directly (no read copy), which isolates the checkpoint's own rounding.
 Metrics per segment of the run: relative output error (RMS ratio over the segment) and the KL
 divergence of next-token distributions through a fixed random LM head (vocab 512).
+
+    python benchmarks/fidelity.py --e2e [--steps 2048] [--segment 256] [--json F.json] [--png F.png]
+
+End to end instead: the demo's tiny transformers models (random weights, CPU) decoded ``--steps``
+tokens after a prompt, teacher-forced on transformers' own greedy tokens, with the split's replay
+caches (exact fp32; fp32 checkpoint + fp8 / nvfp4 read copy; fp16-SR and bf16 checkpoints + nvfp4
+read copy) against transformers' cache; per segment the relative logit error and the KL of the
+next-token distributions.
 """
 
 from __future__ import annotations
@@ -121,6 +129,38 @@ def run_family(spec, steps, n, segment, seed=0, device="cpu"):
     return curves
 
 
+E2E = {"replay (fp32 ckpt)": ("float32", "checkpoint"), "fp32 ckpt + fp8 read": ("float32", "fp8"),
+       "fp32 ckpt + nvfp4 read": ("float32", "nvfp4"), "fp16-SR ckpt + nvfp4 read": ("float16_sr", "nvfp4"),
+       "bf16 ckpt + nvfp4 read": ("bfloat16", "nvfp4")}
+
+
+def run_e2e(name: str, steps: int, segment: int, window: int = 16, seed: int = 0) -> dict:
+    """The demo's tiny transformers model ``name`` through the :data:`E2E` replay caches (see the
+    module docs): ``{run: [{step, rel_err, kl} per segment]}``."""
+    import contextlib
+
+    from transformers import DynamicCache
+
+    from replayssm.integrations.transformers.cache import ReplayCache
+    from replayssm.integrations.transformers.demo import PROMPT_LEN, decode_greedy, logit_drift, next_token_kl
+    from replayssm.integrations.transformers.models import tiny_model
+
+    model = tiny_model(name, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, model.config.vocab_size, (1, PROMPT_LEN), generator=gen)
+    ref = decode_greedy(model, DynamicCache(config=model.config), contextlib.nullcontext(), prompt, steps,
+                        lambda n: None)
+    curves = {}
+    for run, (ckpt, fmt) in E2E.items():
+        cache = ReplayCache(model, rs.ReplayConfig(window=window, checkpoint_dtype=ckpt, read_format=fmt),
+                            batch_size=1, backend="reference")
+        out = decode_greedy(model, cache, cache.routing(), prompt, steps, lambda n: None, teacher=ref.tokens)
+        drift, kl = logit_drift(out, ref), next_token_kl(out, ref)
+        curves[run] = [dict(step=end, rel_err=drift[end - segment:end].mean().item(),
+                            kl=kl[end - segment:end].mean().item()) for end in range(segment, steps + 1, segment)]
+    return curves
+
+
 def table(results):
     lines = ["| family | run | rel. error first segment | rel. error last segment | KL last segment |",
              "|---|---|---|---|---|"]
@@ -130,7 +170,8 @@ def table(results):
     return "\n".join(lines)
 
 
-def plot(results, path):
+def plot(results, path, ylabel="relative output error vs float64",
+         title="Shared low-precision state (dashed) vs the precision split (solid)"):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -142,10 +183,10 @@ def plot(results, path):
         ax.set_yscale("log")
         ax.set_title(fam)
         ax.set_xlabel("decode step")
-        ax.set_ylabel("relative output error vs float64")
+        ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("Shared low-precision state (dashed) vs the precision split (solid)")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -161,9 +202,20 @@ def main():
     ap.add_argument("--png", default=None)
     ap.add_argument("--merge", nargs="+", default=None,
                     help="instead of running: merge the --json files of runs (e.g. one per family, run in parallel)")
+    ap.add_argument("--e2e", action="store_true", help="end to end through the demo's tiny transformers models")
     args = ap.parse_args()
     results = {}
-    if args.merge:
+    if args.e2e:
+        import transformers
+
+        from replayssm.integrations.transformers.models import MODELS
+
+        transformers.logging.set_verbosity_error()
+        torch.set_num_threads(1)
+        for name in MODELS:
+            results[name] = run_e2e(name, args.steps, args.segment)
+            print(f"{name} done", flush=True)
+    elif args.merge:
         for path in args.merge:
             with open(path) as f:
                 run = json.load(f)
@@ -177,7 +229,10 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(steps=args.steps, batch=args.batch, segment=args.segment, results=results), f, indent=1)
-    if args.png:
+    if args.png and args.e2e:
+        plot(results, args.png, "relative logit error vs transformers' cache",
+             "The split end to end: the demo's tiny transformers models, teacher-forced")
+    elif args.png:
         plot(results, args.png)
 
 
