@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, dot_fp32, load_read_copy, load_read_words,
-                                              round_checkpoint, store_read_copy, word_values)
+                                              round_checkpoint, store_read_copy, word_element, word_values)
 from replayssm.kernels.ring.triton import flush_row_block, flush_row_of_rank, program_ranks, row_route
 
 
@@ -341,7 +341,6 @@ def _delta_decode_kernel(
     cq = tl.zeros([BM], dtype=tl.float32)                  # history coefficients for the output
     kq = tl.zeros([1], dtype=tl.float32)                   # this token's own k . q
     jw = tl.arange(0, NC // RC_PW)
-
     if READ_FMT == READ_CHECKPOINT:                       # ACC: the chunks' products summed elementwise,
         au = tl.zeros([NC, BV], dtype=tl.float32)          # reduced over channels once after the stream
         ar = tl.zeros([NC, BV], dtype=tl.float32)
@@ -397,9 +396,8 @@ def _delta_decode_kernel(
         for w in tl.static_range(RC_PW):
             S0 = word_values(tile, w, READ_FMT if RC_PW > 1 else READ_CHECKPOINT)   # [NC, BV] or [BV, NC / PW]
             if RC_PW > 1:
-                sel = tl.arange(0, RC_PW)[None, :] == w
-                pu += S0 * tl.sum(tl.where(sel, kk2, 0.0), axis=1)[None, :]
-                pr += S0 * tl.sum(tl.where(sel, qq2, 0.0), axis=1)[None, :]
+                pu += S0 * word_element(kk2, w, RC_PW)[None, :]
+                pr += S0 * word_element(qq2, w, RC_PW)[None, :]
             else:
                 okc = c * NC + jw * RC_PW + w
                 k_raw = tl.load(k + i * k_r + hk * k_h + okc)

@@ -272,6 +272,14 @@ def word_values(words, w: tl.constexpr, FMT: tl.constexpr):
 
 
 @triton.jit
+def word_element(factors, w: tl.constexpr, PW: tl.constexpr):
+    """Column ``w`` of ``factors [NC / PW, PW]`` (a chunk's per-channel factors reshaped so that
+    ``[j, w]`` is channel ``j PW + w``): ``[NC / PW]``, the factor of element ``w`` of every word of
+    :func:`load_read_words`, picked in registers from factors loaded on contiguous channels."""
+    return tl.sum(tl.where(tl.arange(0, PW)[None, :] == w, factors, 0.0), axis=1)
+
+
+@triton.jit
 def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.constexpr, EMAX: tl.constexpr,
                     R: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr):
     """Encode whole rows ``x [R, COLS]`` fp32 and store them as rows ``rows`` of a (slot, head) read

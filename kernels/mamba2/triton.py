@@ -20,7 +20,7 @@ import triton.language as tl
 
 from replayssm.kernels.formats.triton import (READ_CHECKPOINT, dot_fp32, load_read_copy, load_read_words,
                                               round_checkpoint, store_read_chunk, store_read_rows_scale,
-                                              word_values)
+                                              word_element, word_values)
 from replayssm.kernels.ring.triton import flush_row_block, flush_row_of_rank, program_ranks, row_route
 
 
@@ -291,7 +291,7 @@ def _mamba2_decode_kernel(
             tl.store(rB + tok * N + onf, b_f, mask=append_B)
         for w in tl.static_range(RC_PW):
             if RC_PW > 1:
-                cc = tl.sum(tl.where(tl.arange(0, RC_PW)[None, :] == w, cc2, 0.0), axis=1)
+                cc = word_element(cc2, w, RC_PW)
                 part += word_values(tile, w, READ_FMT) * cc[None, :]
             else:
                 on = c * NC + jw
