@@ -10,7 +10,7 @@ import torch
 from helpers import SPECS, TOL, Params, f64, make_inputs, rms_ratio, step_oracle, token
 
 import replayssm as rs
-from replayssm.integrations.trtllm.cache import ReplayMambaStates, cache_manager_class
+from replayssm.integrations.trtllm.cache import ReplayMambaStates, cache_manager_class, commit_conv_windows
 from test_unchecked import HostReads
 
 NL, S = 2, 5
@@ -195,7 +195,6 @@ def test_repeated_slot_needs_padding_slots():
 def test_conv_window_commit_copies_the_accepted_windows_without_host_reads():
     """TRT-LLM's conv-state commit: each generation row's window after its accepted tokens becomes its
     slot's conv state in every layer; context rows in front are skipped; no device value is read."""
-    states = _states()
     gen = torch.Generator().manual_seed(3)
     conv = torch.randn(NL, S, 6, 3, generator=gen)
     window = torch.randn(NL, S, 3, 6, 3, generator=gen)              # [layers, rows, T, conv_dim, width - 1]
@@ -203,7 +202,7 @@ def test_conv_window_commit_copies_the_accepted_windows_without_host_reads():
     meta = SimpleNamespace(num_contexts=1, num_seqs=4)
     slots, accepted = torch.tensor([0, 3, 1, 4]), torch.tensor([9, 2, 3, 1])
     with HostReads() as mode:
-        states.commit_conv_windows(conv, window, meta, accepted, slots, torch.arange(S, dtype=torch.int32))
+        commit_conv_windows(conv, window, meta, accepted, slots, torch.arange(S, dtype=torch.int32))
     assert mode.found == []
     for row, (slot, acc) in enumerate(zip(slots[1:].tolist(), accepted[1:].tolist())):
         assert torch.equal(conv[:, slot], window[:, row, acc - 1])

@@ -31,14 +31,30 @@ run on a CPU with the reference backend; :func:`cache_manager_class` ties them t
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 
 import torch
 
 import replayssm as rs
 
+# where TRT-LLM keeps its Python mamba manager, newest layout first (``pyexecutor/mamba_cache_manager.py`` at
+# 00bce92; later the ``kv_cache/mamba_cache_manager`` package, whose ``legacy`` module builds it by name)
+MANAGER_MODULES = ("tensorrt_llm._torch.pyexecutor.kv_cache.mamba_cache_manager.legacy",
+                   "tensorrt_llm._torch.pyexecutor.mamba_cache_manager")
 INSTALL_HINT = ("TensorRT-LLM 1.2.x is required: pip install tensorrt-llm==1.2.1 --extra-index-url "
                 "https://pypi.nvidia.com (Linux, Python 3.10 / 3.12); the PyPI package alone is a placeholder")
+
+
+def import_trtllm(names: tuple[str, ...], caller: str):
+    """The first of TRT-LLM's modules ``names`` that imports; ImportError naming ``caller`` and saying
+    what to install when none does."""
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError as e:
+            error = e
+    raise ImportError(f"replayssm.integrations.trtllm.{caller}: {INSTALL_HINT} ({error})") from error
 
 
 class ReplayMambaStates:
@@ -127,29 +143,6 @@ class ReplayMambaStates:
         if hi > lo:
             self.pool.commit(self._rows(state_indices[lo:hi]), num_accepted_tokens[lo:hi], checked=self.checked)
 
-    def commit_conv_windows(self, conv: torch.Tensor, intermediate_conv_window: torch.Tensor, attn_metadata,
-                            num_accepted_tokens: torch.Tensor, state_indices: torch.Tensor,
-                            src_state_indices: torch.Tensor) -> None:
-        """TRT-LLM's conv-state commit after acceptance, as its ``update_mamba_states`` does it (read
-        at 00bce92): generation row ``r`` of the verify kept the window after each of its T tokens in
-        ``intermediate_conv_window[:, src_state_indices[r], t]``; the window after its accepted tokens
-        becomes its slot's conv state, in every layer. Rows of TRT-LLM's shared padding slots are
-        copied like the others, as TRT-LLM does (their windows feed only discarded outputs), so that
-        nothing depends on a device value's count (no host synchronization, CUDA-graph safe).
-
-        Args:
-            conv: ``[layers, slots, conv_dim, width - 1]``, updated in place.
-            intermediate_conv_window: ``[layers, rows, T, conv_dim, width - 1]``.
-            attn_metadata, num_accepted_tokens, state_indices: as :meth:`update_mamba_states`.
-            src_state_indices: int ``[>= num_seqs - num_contexts]``, the generation rows' entries of
-                ``intermediate_conv_window`` (TRT-LLM's ``intermediate_state_indices``, an arange).
-        """
-        lo, hi = int(attn_metadata.num_contexts), int(attn_metadata.num_seqs)
-        if hi == lo:
-            return
-        steps = num_accepted_tokens[lo:hi].long() - 1
-        conv[:, state_indices[lo:hi].long()] = intermediate_conv_window[:, src_state_indices[:hi - lo].long(), steps]
-
     def materialize(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
         """Fold the committed rings of ``state_indices`` into TRT-LLM's state tensor, in ``layer`` or
         every layer (before TRT-LLM reads or copies it: its prefill kernels, prefix cache,
@@ -161,8 +154,32 @@ class ReplayMambaStates:
         return self.pool.read_state(layer, self._rows(state_indices))
 
 
+def commit_conv_windows(conv: torch.Tensor, intermediate_conv_window: torch.Tensor, attn_metadata,
+                        num_accepted_tokens: torch.Tensor, state_indices: torch.Tensor,
+                        src_state_indices: torch.Tensor) -> None:
+    """TRT-LLM's conv-state commit after acceptance, as its ``update_mamba_states`` does it (read
+    at 00bce92): generation row ``r`` of the verify kept the window after each of its T tokens in
+    ``intermediate_conv_window[:, src_state_indices[r], t]``; the window after its accepted tokens
+    becomes its slot's conv state, in every layer. Rows of TRT-LLM's shared padding slots are
+    copied like the others, as TRT-LLM does (their windows feed only discarded outputs), so that
+    nothing depends on a device value's count (no host synchronization, CUDA-graph safe).
+
+    Args:
+        conv: ``[layers, slots, conv_dim, width - 1]``, updated in place.
+        intermediate_conv_window: ``[layers, rows, T, conv_dim, width - 1]``.
+        attn_metadata, num_accepted_tokens, state_indices: as :meth:`ReplayMambaStates.update_mamba_states`.
+        src_state_indices: int ``[>= num_seqs - num_contexts]``, the generation rows' entries of
+            ``intermediate_conv_window`` (TRT-LLM's ``intermediate_state_indices``, an arange).
+    """
+    lo, hi = int(attn_metadata.num_contexts), int(attn_metadata.num_seqs)
+    if hi == lo:
+        return
+    steps = num_accepted_tokens[lo:hi].long() - 1
+    conv[:, state_indices[lo:hi].long()] = intermediate_conv_window[:, src_state_indices[:hi - lo].long(), steps]
+
+
 # TRT-LLM's SSM cache dtype -> the replay checkpoint stored in it
-_CHECKPOINT_OF = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16_sr"}
+_CHECKPOINT_OF = {dtype: name for name, dtype in rs.spec.CHECKPOINT_DTYPES.items()}
 
 
 def layer_spec(model_type: str, temporal: torch.Tensor, conv: torch.Tensor) -> rs.LayerSpec:
@@ -191,7 +208,7 @@ def cache_manager_class(base=None, *, defaults: dict | None = None):
     and drops its per-draft SSM states (``intermediate_ssm``, replaced by a tensor of no rows after
     TRT-LLM's constructor allocated it: the replay verify writes no state); its ``update_mamba_states``
     commits by a cursor move and TRT-LLM's conv-window copy (:meth:`ReplayMambaStates.update_mamba_states`,
-    :meth:`ReplayMambaStates.commit_conv_windows`). ``replay_cfg.max_draft_tokens`` must cover
+    :func:`commit_conv_windows`). ``replay_cfg.max_draft_tokens`` must cover
     ``speculative_num_draft_tokens``. Refused: TRT-LLM's own replay (``use_replay_state_update``)
     and ``TRTLLM_MAMBA2_MTP_USE_CUSTOM_OP=1`` (its MTP op bypasses ``selective_state_update_func``).
 
@@ -205,13 +222,7 @@ def cache_manager_class(base=None, *, defaults: dict | None = None):
             from ``model_type`` (``qwen3_next``: "vk"), and TRT-LLM's own replay is turned off.
     """
     if base is None:
-        try:
-            from tensorrt_llm._torch.pyexecutor.mamba_cache_manager import PythonMambaCacheManager as base
-        except ImportError:
-            try:
-                from tensorrt_llm._torch.pyexecutor.kv_cache.mamba_cache_manager import PythonMambaCacheManager as base
-            except ImportError as e:
-                raise ImportError(f"replayssm.integrations.trtllm.cache_manager_class: {INSTALL_HINT} ({e})") from e
+        base = import_trtllm(MANAGER_MODULES, "cache_manager_class").PythonMambaCacheManager
 
     class ReplayPythonMambaCacheManager(base):
         replayssm_defaults = defaults
@@ -259,8 +270,7 @@ def cache_manager_class(base=None, *, defaults: dict | None = None):
             if state_indices is None:                 # TRT-LLM versions whose signature has none
                 state_indices = self.state_indices
             self.replay.update_mamba_states(attn_metadata, num_accepted_tokens, state_indices)
-            self.replay.commit_conv_windows(self.mamba_cache.conv, self.mamba_cache.intermediate_conv_window,
-                                            attn_metadata, num_accepted_tokens, state_indices,
-                                            self.intermediate_state_indices)
+            commit_conv_windows(self.mamba_cache.conv, self.mamba_cache.intermediate_conv_window, attn_metadata,
+                                num_accepted_tokens, state_indices, self.intermediate_state_indices)
 
     return ReplayPythonMambaCacheManager

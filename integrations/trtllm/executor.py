@@ -28,20 +28,13 @@ never run with it (README.md, "TensorRT-LLM").
 
 from __future__ import annotations
 
-import importlib
-
 import replayssm as rs
 
 from . import mixer as _mixer
-from .cache import INSTALL_HINT, cache_manager_class
+from .cache import MANAGER_MODULES, cache_manager_class, import_trtllm
 
-# where TRT-LLM's classes live, newest layout first (module of the Python manager, Mamba-2 mixer, GDN layer)
-_MODULES = {
-    "cache": ("tensorrt_llm._torch.pyexecutor.kv_cache.mamba_cache_manager.legacy",
-              "tensorrt_llm._torch.pyexecutor.mamba_cache_manager"),
-    "mamba2": ("tensorrt_llm._torch.modules.mamba.mamba2_mixer",),
-    "gdn": ("tensorrt_llm._torch.modules.mamba.gdn_mixer",),
-}
+# where TRT-LLM's classes live (module of the Python manager, Mamba-2 mixer, GDN layer)
+_MODULES = {"cache": MANAGER_MODULES, **_mixer.MIXER_MODULES}
 
 
 def enable_replay(window: int = 16, read_format: str = "checkpoint", ring_dtype: str = "bfloat16", seed: int = 0,
@@ -58,7 +51,8 @@ def enable_replay(window: int = 16, read_format: str = "checkpoint", ring_dtype:
     """
     defaults = dict(window=window, read_format=read_format, ring_dtype=ring_dtype, seed=seed)
     rs.ReplayConfig(**defaults)
-    mods = modules if modules is not None else {name: _import(names) for name, names in _MODULES.items()}
+    mods = modules if modules is not None else {name: import_trtllm(names, "executor.enable_replay")
+                                                for name, names in _MODULES.items()}
     cache = mods["cache"]
     if getattr(cache.PythonMambaCacheManager, "replayssm_defaults", None) is not None:
         raise ValueError("enable_replay: already enabled in this process")
@@ -73,11 +67,3 @@ def enable_replay(window: int = 16, read_format: str = "checkpoint", ring_dtype:
     _mixer.route_gdn_class(mods["gdn"].Qwen3NextGatedDeltaNet)
     cache.PythonMambaCacheManager = RegisteringReplayManager
 
-
-def _import(names: tuple[str, ...]):
-    for name in names:
-        try:
-            return importlib.import_module(name)
-        except ImportError as e:
-            error = e
-    raise ImportError(f"replayssm.integrations.trtllm.executor.enable_replay: {INSTALL_HINT} ({error})") from error

@@ -52,8 +52,11 @@ import weakref
 import torch
 
 from ..selective_state_update import step_inputs
-from .cache import INSTALL_HINT, ReplayMambaStates
+from .cache import ReplayMambaStates, import_trtllm
 
+# the modules of TRT-LLM's Mamba-2 mixer and GDN layer
+MIXER_MODULES = {"mamba2": ("tensorrt_llm._torch.modules.mamba.mamba2_mixer",),
+                 "gdn": ("tensorrt_llm._torch.modules.mamba.gdn_mixer",)}
 _BY_STATE: dict[tuple[int, tuple[int, ...]], tuple[weakref.ref, int]] = {}
 
 
@@ -126,10 +129,7 @@ def wire_mamba2(model: torch.nn.Module, states: ReplayMambaStates, *, mixer_clas
     ``attn_metadata.num_contexts`` of ``mamba_metadata.state_indices``) in its own layer.
     """
     if mixer_class is None:
-        try:
-            from tensorrt_llm._torch.modules.mamba.mamba2_mixer import Mamba2Mixer as mixer_class
-        except ImportError as e:
-            raise ImportError(f"replayssm.integrations.trtllm.wire_mamba2: {INSTALL_HINT} ({e})") from e
+        mixer_class = import_trtllm(MIXER_MODULES["mamba2"], "wire_mamba2").Mamba2Mixer
     register(states)
     mixers = [m for m in model.modules() if isinstance(m, mixer_class)]
     for mixer in mixers:
@@ -152,20 +152,11 @@ def route_mamba2_class(mixer_class) -> None:
     @functools.wraps(init)
     def routed_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        self.selective_state_update_func = _route_positional(self.selective_state_update_func,
-                                                             replay_selective_state_update)
+        self.selective_state_update_func = _route(self.selective_state_update_func, replay_selective_state_update,
+                                                  "state")
 
     mixer_class.__init__ = routed_init
     mixer_class.forward = _resetting_prefills(mixer_class.forward)
-
-
-def _route_positional(original, replay):
-    """``original(state, ...)`` with registered states sent to ``replay``."""
-    @functools.wraps(original)
-    def routed(state, *args, **kwargs):
-        return (replay if _find(state) else original)(state, *args, **kwargs)
-    routed.replayssm_original = original
-    return routed
 
 
 def _resetting_prefills(forward):
@@ -259,23 +250,19 @@ def _gdn_inputs(states, A_log, a, dt_bias, softplus_beta, softplus_threshold, q,
     return dict(q=q, q_scale=q_scale, k=kf.to(act), v=v.to(act), g=g, beta=torch.sigmoid(b.float()))
 
 
-def _route(original, replay, state):
-    """``original`` (a TRT-LLM function called with keywords) with calls whose ``state`` argument is a
-    registered state tensor sent to ``replay``."""
+def _route(original, replay, state: str):
+    """``original`` (a TRT-LLM function) with the calls whose state tensor (keyword ``state``, else
+    the first positional argument) is registered sent to ``replay``."""
     @functools.wraps(original)
-    def routed(**kwargs):
-        return (replay if _find(kwargs[state]) else original)(**kwargs)
+    def routed(*args, **kwargs):
+        return (replay if _find(kwargs[state] if state in kwargs else args[0]) else original)(*args, **kwargs)
     routed.replayssm_original = original
     return routed
 
 
-def _route_verify_check(original):
-    """TRT-LLM's ``_can_use_flashinfer_gdn_verify(ssm_states, K, V, T)``: True for registered states."""
-    @functools.wraps(original)
-    def routed(ssm_states, *args, **kwargs):
-        return True if _find(ssm_states) else original(ssm_states, *args, **kwargs)
-    routed.replayssm_original = original
-    return routed
+def _replays_every_verify(*args, **kwargs) -> bool:
+    """``_can_use_flashinfer_gdn_verify`` for replay states: their verify is replay's."""
+    return True
 
 
 def wire_gdn(model: torch.nn.Module, states: ReplayMambaStates, *, layer_class=None) -> int:
@@ -297,10 +284,7 @@ def wire_gdn(model: torch.nn.Module, states: ReplayMambaStates, *, layer_class=N
     through ``cache_manager_class()``'s ``update_mamba_states``.
     """
     if layer_class is None:
-        try:
-            from tensorrt_llm._torch.modules.mamba.gdn_mixer import Qwen3NextGatedDeltaNet as layer_class
-        except ImportError as e:
-            raise ImportError(f"replayssm.integrations.trtllm.wire_gdn: {INSTALL_HINT} ({e})") from e
+        layer_class = import_trtllm(MIXER_MODULES["gdn"], "wire_gdn").Qwen3NextGatedDeltaNet
     layers = [m for m in model.modules() if isinstance(m, layer_class)]
     for layer in layers:
         if getattr(layer.forward_extend, "replayssm_wired", False):
@@ -324,7 +308,7 @@ def route_gdn_class(layer_class) -> None:
 def _route_gdn_module(module) -> None:
     routes = {"fused_sigmoid_gating_delta_rule_update": lambda f: _route(f, replay_sigmoid_gating_delta_rule_update,
                                                                          "initial_state_source"),
-              "_can_use_flashinfer_gdn_verify": _route_verify_check,
+              "_can_use_flashinfer_gdn_verify": lambda f: _route(f, _replays_every_verify, "ssm_states"),
               "_flashinfer_gdn_verify": lambda f: _route(f, replay_gdn_verify, "initial_state_source")}
     missing = [name for name in routes if getattr(module, name, None) is None]
     if missing:
