@@ -51,8 +51,7 @@ from shapes import MODEL_SPECS, WINDOW  # noqa: E402
 VERIFY_T = 8
 CANDIDATES = {
     "mamba2": {
-        "decode": [(dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_stages=4), 16),
-                   (dict(rows=64, num_warps=1, chunk=64, stages=3, acc=False), 16),
+        "decode": [(dict(rows=64, num_warps=1, chunk=64, stages=3, acc=False), 16),
                    (dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False), 16),
                    (dict(rows=64, num_warps=2, chunk=32, stages=3, acc=False), 32),
                    (dict(rows=64, num_warps=4, chunk=32, stages=3, acc=False), 16),
@@ -146,7 +145,7 @@ for _fam, _kind in (("mamba2", "decode"), ("delta", "decode"), ("delta", "decode
 for _kind in ("decode", "decode_vk"):
     CANDIDATES["delta"][_kind] += ([dict(ops.TILES["delta"][_kind], fold_stages=fs) for fs in (1, 3, 4)]
                                    + [dict(ops.TILES["delta"][_kind], fold_chunk=32, fold_stages=3)])
-CANDIDATES["mamba2"]["decode"] += [dict(ops.TILES["mamba2"]["decode"], fold_stages=fs) for fs in (1, 2, 4)]
+CANDIDATES["mamba2"]["decode"] += [dict(ops.TILES["mamba2"]["decode"], fold_stages=fs) for fs in (1, 2, 3, 6)]
 # the verify's least padded token count (tokens; T pads to a power of two, at least this), on the chosen tiles
 for _fam in ("mamba2", "delta"):
     _tile = ops.TILES[_fam]["verify"]
