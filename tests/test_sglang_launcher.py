@@ -115,7 +115,7 @@ def test_plugin_loaded_by_sglangs_loader_is_a_no_op_without_replay(environ, monk
     found = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
     assert "replayssm" in found
     func = found["replayssm"][0]
-    assert func is plugin.load and func() is None
+    assert func is plugin.entry_point and func() is None
 
 
 def test_plugin_with_replay_checks_version_and_installs_the_hooks(environ, monkeypatch):
@@ -125,7 +125,7 @@ def test_plugin_with_replay_checks_version_and_installs_the_hooks(environ, monke
     from replayssm.integrations.sglang import hooks
     environ[options.ENV_VAR] = options.encode(ReplayConfig(window=8))
     monkeypatch.setattr(sglang, "__version__", "0.5.22")
-    with pytest.raises(RuntimeError, match="targets sglang==0.5.23, found 0.5.22"):
+    with pytest.raises(RuntimeError, match=r"serves sglang 0\.5\.17, 0\.5\.23; found 0\.5\.22"):
         plugin.load()
     assert not hooks.installed() and HybridReqToTokenPool.mamba_pool_cls is MambaPool
     monkeypatch.setattr(sglang, "__version__", "0.5.23")
@@ -139,3 +139,36 @@ def test_plugin_with_replay_checks_version_and_installs_the_hooks(environ, monke
     environ[options.ENV_VAR] = json.dumps(dict(window=16, ring_version=99))
     with pytest.raises(RuntimeError, match="ring contract version 99"):
         options.from_env()
+
+
+def test_entry_point_ends_a_process_whose_install_failed():
+    """SGLang's loader logs and swallows a plugin's exception: the entry point must end the process
+    instead of letting it serve without replay (and return quietly with replay off)."""
+    import subprocess
+    import sys
+
+    code = ("import sglang; sglang.__version__ = '0.5.20'\n"
+            "from replayssm.integrations.sglang import plugin\n"
+            "plugin.entry_point()\n"
+            "print('still serving')\n")
+    env = dict(os.environ)
+    env[options.ENV_VAR] = options.encode(ReplayConfig(window=8))
+    failed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 3 and "still serving" not in failed.stdout
+    assert "serves sglang 0.5.17, 0.5.23; found 0.5.20" in failed.stderr
+    env.pop(options.ENV_VAR)
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert off.returncode == 0 and "still serving" in off.stdout
+
+
+def test_versions_hold_one_seam_table_per_served_release(monkeypatch):
+    import sglang
+
+    from replayssm.integrations.sglang import versions
+    assert sorted(versions.SEAMS) == ["0.5.17", "0.5.23"]
+    assert versions.seams() is versions.Seams0523                 # what `make test` installs
+    monkeypatch.setattr(sglang, "__version__", "0.5.17")
+    assert versions.seams() is versions.Seams0517
+    monkeypatch.setattr(sglang, "__version__", "0.6.0")
+    with pytest.raises(RuntimeError, match="serves sglang 0.5.17, 0.5.23; found 0.6.0"):
+        versions.seams()

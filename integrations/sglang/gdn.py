@@ -1,4 +1,4 @@
-"""GDN routing at SGLang's kernel seam (sglang 0.5.23, ``layers/attention/linear/kernels/gdn_triton.py``):
+"""GDN routing at SGLang's kernel seam (sglang 0.5.17 and 0.5.23, ``layers/attention/linear/kernels/gdn_triton.py``):
 ``TritonGDNKernel.packed_decode``, which ``GDNAttnBackend.forward_decode`` calls once per layer and
 decode step after the conv update, and ``TritonGDNKernel.target_verify``, which
 ``GDNAttnBackend.forward_extend`` calls for a speculative verify.

@@ -1,4 +1,5 @@
-"""The class patches that put replayssm into a SGLang 0.5.23 process (installed by the plugin).
+"""The class patches that put replayssm into a SGLang 0.5.17 or 0.5.23 process (installed by the plugin;
+where the releases differ, ``versions``).
 
 | target | patch |
 |---|---|
@@ -12,14 +13,15 @@
 | ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
 | ``GDNAttnBackend.forward_extend`` | around an extend (not a verify): the rows' rings folded before, reset with the read copy after |
 | ``TritonKDAKernel.packed_decode`` / ``decode`` / ``target_verify`` (``KDAAttnBackend``'s kernel seam) | replay KDA decode / verify |
-| ``kda_fused_decode.covered``, ``KDAAttnBackend._can_run_fused_chain_verify`` / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
+| ``kda_fused_decode.covered``, ``KDAAttnBackend._can_run_fused_chain_verify`` (0.5.23) / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
 | ``KDAAttnBackend.forward_extend`` | around an extend (not a verify): the rows' rings folded before, reset with the read copy after |
 | ``MambaPoolHost.backup_from_device_all_layer`` / ``load_to_device_per_layer`` (HiCache's host tier) | slots flushed before a backup; rings reset and read copy re-derived after each layer's load |
 | ``MambaCheckpointPool.store_from_active`` / ``load_to_active`` (int8 radix store) | active slots flushed before a store; rings reset and read copy re-derived after a load |
 | ``ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt`` (PD decode side) | the transferred requests' rings reset and read copies re-derived |
 | ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, and GDN / KDA kernels other than Triton |
 
-``install`` is idempotent per process; ``uninstall`` restores SGLang's originals.
+``install`` is idempotent per process and all or nothing (a patch that fails undoes the others);
+``uninstall`` restores SGLang's originals.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import functools
 
 from replayssm import ReplayConfig
 
-from . import gdn, kda, mamba2, pool
+from . import gdn, kda, mamba2, pool, versions
 
 _saved: list[tuple[object, str, object]] = []
 
@@ -57,6 +59,15 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
             raise ValueError(f"cfg: replay is installed with {current.replay_cfg} (backend "
                              f"{current.replay_backend!r}); uninstall first")
         return
+    try:
+        _install(cfg, backend)
+    except BaseException:
+        uninstall()
+        raise
+
+
+def _install(cfg: ReplayConfig, backend: str) -> None:
+    seams = versions.seams()
     from sglang.srt.disaggregation.decode_schedule_batch_mixin import ScheduleBatchDisaggregationDecodeMixin
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
     from sglang.kernels.ops.attention import kda_fused_decode
@@ -68,8 +79,9 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
     from sglang.srt.mem_cache import memory_pool
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.mem_cache.mamba_checkpoint_pool import MambaCheckpointPool
-    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
-    from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+
+    MambaPoolHost = versions.module(seams.mamba_pool_host_module).MambaPoolHost
+    MambaComponent = versions.module(seams.mamba_component_module).MambaComponent
 
     _patch(memory_pool.HybridReqToTokenPool, "mamba_pool_cls", pool.pool_class(cfg, backend))
     _patch(KVCacheConfigurator, "_handle_max_mamba_cache",
@@ -93,7 +105,7 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
 
     def flush_finished(component, req, insert_params, token_ids_len, is_finished):
         if is_finished:
-            pool.flush_for_tree(component.cache.req_to_token_pool, req.kv.mamba_pool_idx)
+            pool.flush_for_tree(component.cache.req_to_token_pool, seams.finished_req_slot(req))
 
     _around(MambaComponent, "prepare_for_caching_req", before=flush_finished)
 
@@ -118,8 +130,8 @@ def install(cfg: ReplayConfig, backend: str = "auto") -> None:
     # SGLang's fused KDA variants update the state past the kernel seam: K3's conv + decode kernel
     # and the DSPARK / fused conv + gating chain verify kernels
     _patch(kda_fused_decode, "covered", not_taken)
-    _patch(KDAAttnBackend, "_can_run_fused_chain_verify", not_taken)
-    _patch(KDAAttnBackend, "_can_run_dspark_cutedsl_mtp", not_taken)
+    for name in seams.kda_fused_paths:
+        _patch(KDAAttnBackend, name, not_taken)
 
     for backend_cls in (GDNAttnBackend, KDAAttnBackend):
         _patch(backend_cls, "forward_extend", around_extend(backend_cls.forward_extend))
@@ -220,9 +232,7 @@ def check_linear_backend(backend) -> None:
         raise RuntimeError(f"--replay-ssm: {name} serves {family} layers but the replay pool was built for "
                            f"{spec.family} from the model's cache parameters")
     if family != "mamba2":
-        kernels = backend._model_runner.linear_attn_backends
-        for phase in ("decode", "verify"):
-            chosen = getattr(kernels, phase).value
+        for phase, chosen in versions.seams().linear_kernel_backends(backend).items():
             if chosen != "triton":
                 raise RuntimeError(f"--linear-attn-{phase}-backend: replay routes {family.upper()} through the triton "
                                    f"kernel seam; got {chosen}")

@@ -1,4 +1,4 @@
-"""KDA routing at SGLang's kernel seam (sglang 0.5.23, ``layers/attention/linear/kernels/kda_triton.py``):
+"""KDA routing at SGLang's kernel seam (sglang 0.5.17 and 0.5.23, ``layers/attention/linear/kernels/kda_triton.py``):
 ``TritonKDAKernel.packed_decode`` and the unpacked ``TritonKDAKernel.decode`` (taken for layers with a
 safe gate), which ``KDAAttnBackend.forward_decode`` calls once per layer and decode step, and
 ``TritonKDAKernel.target_verify``, which its chain verify calls (the hooks turn SGLang's fused

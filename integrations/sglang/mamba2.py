@@ -1,7 +1,7 @@
 """Mamba-2 routing: SGLang's ``selective_state_update`` call sites in ``MambaMixer2.forward``, and
 the commit after speculative acceptance.
 
-``MambaMixer2`` (sglang 0.5.23, ``layers/attention/mamba/mamba.py``) calls, per layer:
+``MambaMixer2`` (sglang 0.5.17 and 0.5.23, ``layers/attention/mamba/mamba.py``) calls, per layer:
 
 - decode: ``selective_state_update(ssm_state, x [n, H, P], dt [n, H, P], A [H, P, N], B [n, G, N],
   C [n, G, N], D [H, P], z=None, dt_bias=[H, P], dt_softplus=True, state_batch_indices [n],
@@ -23,6 +23,7 @@ import replayssm
 
 from ..selective_state_update import step_inputs
 from . import pool as replay_pool
+from . import versions
 
 
 def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -85,8 +86,7 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_
     state at that token, as SGLang's scatter of ``intermediate_ssm[row, step]`` would; its conv
     window is SGLang's scatter. Reads the steps on the host (a synchronization on a GPU).
     """
-    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
-
+    seams = versions.seams()
     linear = backend.linear_attn_backend
     req_pool = linear.req_to_token_pool
     owner = req_pool.mamba_pool
@@ -95,12 +95,7 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_
     if (mamba_track_indices is None) != (mamba_steps_to_track is None):
         raise ValueError("mamba_steps_to_track: expected it exactly with mamba_track_indices (extra_buffer)")
     n = last_correct_step_indices.shape[0]
-    src_rows = None
-    if hlab.pp_spec_stable_rows_enabled() and req_pool_indices is not None:
-        src_rows = req_pool_indices[:n]
-        slots = linear._translate_mamba_indices(req_pool.get_mamba_indices(src_rows))
-    else:
-        slots = linear.forward_metadata.mamba_cache_indices[:n]
+    slots, src_rows = seams.verify_slots(linear, req_pool, n, req_pool_indices)
     caches = req_pool.get_speculative_mamba2_params_all_layers()
     pool, ck = owner.replay, replay_pool.checked(owner.replay)
     scatters, track_args = [(slots, last_correct_step_indices)], (None, None)
@@ -117,11 +112,7 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_
             pool.flush(dst, checked=ck)
     for conv, window in zip(caches.conv, caches.intermediate_conv_window):
         for dst_slots, dst_steps in scatters:
-            if conv.is_cuda:
-                hlab.fused_conv_window_scatter_with_mask(conv, window, dst_slots, dst_steps, src_rows)
-            else:
-                hlab.HybridLinearAttnBackend._scatter_speculative_state_with_mask(
-                    conv, window, dst_slots, dst_steps, src_rows)
-    backend._update_ple_state_after_mtp_verify(slots, last_correct_step_indices, *track_args, src_rows)
+            seams.scatter_conv_window(conv, window, dst_slots, dst_steps, src_rows)
+    seams.commit_side_states(backend, slots, last_correct_step_indices, track_args, src_rows)
     pool.commit(replay_pool._slots(pool, slots), last_correct_step_indices + 1, checked=ck)
     return True

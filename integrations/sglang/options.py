@@ -9,7 +9,6 @@ from replayssm.ring import RING_VERSION
 from replayssm.spec import ReplayConfig
 
 ENV_VAR = "REPLAYSSM_SGLANG"
-SGLANG_VERSION = "0.5.23"
 
 
 def encode(cfg: ReplayConfig) -> str:

@@ -1,4 +1,4 @@
-"""Replay state inside SGLang's mamba pool (sglang 0.5.23 ``MambaPool``).
+"""Replay state inside SGLang's mamba pool (``MambaPool`` of sglang 0.5.17 and 0.5.23).
 
 ``ReplayMambaPool`` is the class the plugin puts in ``HybridReqToTokenPool.mamba_pool_cls``.
 SGLang's own ``temporal`` tensor (its checkpoint dtype; Mamba-2 ``[layers, size + 1, H, P, N]``,
@@ -36,6 +36,8 @@ import torch
 
 from replayssm import LayerSpec, ReplayConfig, StatePool
 from replayssm.pool import side_bytes_per_slot
+
+from . import versions
 
 _BY_STATE: dict[tuple[int, tuple[int, ...]], tuple[weakref.ref, int]] = {}
 
@@ -94,13 +96,13 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
             drafts = kwargs.get("speculative_num_draft_tokens")
             if drafts:
                 # per-draft full-state snapshots are never written or read under replay (verify appends
-                # to the ring, commit moves cursors): SGLang's allocation of them is skipped
+                # to the ring, commit moves cursors): SGLang's allocation of them is skipped, and an
+                # empty tensor stands in its place (SGLang's GDN / KDA verify require the buffer to exist)
                 params = kwargs["cache_params"]
                 snapshots = (len(kwargs["mamba_layer_ids"]), kwargs["spec_state_size"] + 1, drafts,
                              *params.shape.temporal)
                 with _without_allocation(snapshots):
                     super().__init__(**kwargs)
-                self.mamba_cache = dataclasses.replace(self.mamba_cache, intermediate_ssm=None)
             else:
                 super().__init__(**kwargs)
             spec = layer_spec(kwargs["cache_params"])
@@ -148,32 +150,32 @@ def replay_budget(cfg: ReplayConfig, handle):
     SGLang sizes its mamba pool from the bytes of conv and ssm state per slot, plus per-draft
     snapshots when speculative decoding is on. Under replay each slot also holds the ring, read
     copy and cursors of every layer (charged through the configurator's
-    ``extra_mamba_cache_bytes_per_req``, which SGLang adds per slot), and no snapshots exist (the
-    speculative reserve is skipped by sizing as for plain decoding). The pool SGLang then builds
-    is the pool it can afford."""
+    ``extra_mamba_cache_bytes_per_req`` on 0.5.23, its cache parameters' bytes per slot on 0.5.17:
+    ``versions``), and no snapshots exist (the speculative reserve is skipped by sizing as for plain
+    decoding). The pool SGLang then builds is the pool it can afford."""
     @functools.wraps(handle)
     def _handle_max_mamba_cache(self, total_rest_memory):
-        from sglang.srt.runtime_context import max_speculative_num_draft_tokens
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+        seams = versions.seams()
         params = self.mambaish_config.mamba2_cache_params
-        drafts = None if self.spec_algorithm.is_none() else max_speculative_num_draft_tokens()
+        drafts = None if self.spec_algorithm.is_none() else seams.max_draft_tokens(self)
         side = sum(side_bytes_per_slot(layer_spec(params), _with_drafts(cfg, drafts)).values()) * len(params.layers)
-        saved = self.extra_mamba_cache_bytes_per_req, self.spec_algorithm
-        self.extra_mamba_cache_bytes_per_req = saved[0] + side
+        saved = self.spec_algorithm
         self.spec_algorithm = SpeculativeAlgorithm.NONE
         try:
-            return handle(self, total_rest_memory)
+            with seams.charged(self, side):
+                return handle(self, total_rest_memory)
         finally:
-            self.extra_mamba_cache_bytes_per_req, self.spec_algorithm = saved
+            self.spec_algorithm = saved
     return _handle_max_mamba_cache
 
 
 @contextlib.contextmanager
 def _without_allocation(shape: tuple[int, ...]):
     """While SGLang's ``MambaPool.__init__`` runs: its module's ``torch.zeros`` of exactly ``shape``
-    (the per-draft ``intermediate_ssm`` snapshots) returns an empty placeholder instead of
-    allocating, and must do so exactly once. Every other name of ``torch`` there is torch's."""
+    (the per-draft ``intermediate_ssm`` snapshots ``[layers, slots, T, ...]``) returns a placeholder of
+    no slots ``[layers, 0, T, ...]`` instead of allocating, and must do so exactly once. Every other name of ``torch`` there is torch's."""
     from sglang.srt.mem_cache import memory_pool
 
     skipped = []
@@ -187,7 +189,8 @@ def _without_allocation(shape: tuple[int, ...]):
             size = kwargs.get("size", args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args)
             if tuple(size) == shape:
                 skipped.append(size)
-                return torch.empty(0, dtype=kwargs.get("dtype"), device=kwargs.get("device"))
+                # no bytes, but one (empty) entry per layer: SGLang indexes it by layer
+                return torch.empty((shape[0], 0, *shape[2:]), dtype=kwargs.get("dtype"), device=kwargs.get("device"))
             return torch.zeros(*args, **kwargs)
 
     original, memory_pool.torch = memory_pool.torch, _Torch()
@@ -197,7 +200,7 @@ def _without_allocation(shape: tuple[int, ...]):
         memory_pool.torch = original
     if len(skipped) != 1:
         raise RuntimeError(f"sglang MambaPool: expected one per-draft snapshot allocation of shape {list(shape)} "
-                           f"to skip, saw {len(skipped)}; this SGLang is not the 0.5.23 the plugin was written for")
+                           f"to skip, saw {len(skipped)}; this SGLang is not a release the plugin serves")
 
 
 def _key(state: torch.Tensor) -> tuple[int, tuple[int, ...]]:
@@ -350,7 +353,7 @@ def before_host_backup(host_pool, device_indices: torch.Tensor) -> None:
     A radix-tree slot's ring is already empty (it was flushed when the tree took it), so this is a
     no-op there; a slot backed up while it decodes (a retracted request) needs it. Runs on the
     caller's stream (SGLang's device-to-host stream, after its start event)."""
-    for state in host_pool.temporal_device_layers:       # MTP draft layers too, when their pool replays
+    for state in versions.seams().host_device_layers(host_pool):   # MTP draft layers too (0.5.23), when their pool replays
         found = lookup(state)
         if found is not None:
             _flush(found[0].replay, device_indices, found[1])
@@ -364,7 +367,7 @@ def after_host_load(host_pool, device_indices: torch.Tensor, layer_id: int) -> N
     Runs on SGLang's host-to-device stream before it signals the layer done, so the forward never
     reads a loaded checkpoint beside the slot's previous ring; on the Triton backend it reads no
     device value (the load stays asynchronous)."""
-    found = lookup(host_pool.temporal_device_layers[layer_id])
+    found = lookup(versions.seams().host_device_layers(host_pool)[layer_id])
     if found is not None:
         _refresh(found[0].replay, device_indices, found[1])
 
@@ -380,7 +383,8 @@ def after_transfer(req_to_token_pool, reqs) -> None:
     request restored from the host tier afterwards is reset again by that load. No-op when the
     mamba pool is not a replay pool."""
     owner = req_to_token_pool.mamba_pool
-    held = [req.kv.mamba_pool_idx.view(1) for req in reqs if req.kv.holds_mamba]
+    slot = versions.seams().req_mamba_slot
+    held = [slot(req).view(1) for req in reqs if slot(req) is not None]
     if hasattr(owner, "replay") and held:
         _refresh(owner.replay, req_to_token_pool.translate_mamba_indices(torch.cat(held)))
 
@@ -392,7 +396,8 @@ def after_track_extend(ssm_states: torch.Tensor, forward_metadata) -> None:
     if found is None or not forward_metadata.has_mamba_track_mask:
         return
     owner, layer = found
+    # 0.5.17's metadata has no recompute destinations
     written = [d.reshape(-1).to(torch.int64) for d in (forward_metadata.track_ssm_h_dst,
-                                                        forward_metadata.track_ssm_recompute_dst,
+                                                        getattr(forward_metadata, "track_ssm_recompute_dst", None),
                                                         forward_metadata.track_ssm_final_dst) if d is not None]
     owner.replay.refresh(_slots(owner.replay, torch.cat(written).unique()), layer=layer)
