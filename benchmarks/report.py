@@ -1,7 +1,7 @@
 """Turn a bench_decode.py JSON into the BENCHMARKS.md tables and a PNG plot.
 
-    python benchmarks/report.py docs/bench-h200-2026-11-29.json --png docs/decode-h200.png
-    python benchmarks/report.py bench.json --bars docs/decode-h200-b256.png --title "..."   (one batch)
+    python benchmarks/report.py benchmarks/results/bench-decode-h200.json --png benchmarks/results/decode-h200.png
+    python benchmarks/report.py bench.json --bars benchmarks/results/decode-h200-b256.png --title "..."   (one batch)
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ _compiled: set = set()
 # (2026-12-01, Nemotron-H, batch 256, w=7 / flush / staggered / amortized over a 16-step window us): 64 rows / 1 warp /
 # chunk 64 / 2 stages with a 4-deep fold 278.6 / 786.9 / 322.5 / 304.0 against 297.6 / 887.5 / 345.2 / 329.8 at
 # 64 / 2 / 32 / 3 (fold 3-deep); a fold 2-, 3- or 6-deep, fold chunks of 8 or 32, 32 rows and 3- or 4-deep
-# state pipelines were slower (docs/sweep-h200-2026-12-01c.txt).
+# state pipelines were slower (benchmarks/results/sweep-mamba2-decode-h200.txt).
 # verify_flush (2026-12-01, batch 256, T = 8 verify whose rows all / half flush, checkpoint / NVFP4 us): GDN 16 rows /
 # 1 warp 1818.7 / 977.2 / 2448.0 / 1418.5 (Qwen3.5; 32 / 8 warps was 5906.7 / 3135.4 / 7983.6 / 4510.9), KDA 3362.0 /
 # 2070.1 / 4205.8 / 2731.4 (9943.5 / 5270.3 / 11806.0 / 7050.0); Mamba-2 64 rows / 2 warps 1524.8 / 992.2 / 2667.6 /
