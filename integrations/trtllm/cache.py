@@ -199,7 +199,7 @@ def layer_spec(model_type: str, temporal: torch.Tensor, conv: torch.Tensor) -> r
 
 
 def cache_manager_class(base=None, *, defaults: dict | None = None):
-    """TRT-LLM's ``PythonMambaCacheManager`` with replay on its ``temporal`` tensor (never run here).
+    """TRT-LLM's ``PythonMambaCacheManager`` with replay on its ``temporal`` tensor (never run inside TRT-LLM).
 
     The returned class takes TRT-LLM's constructor arguments plus ``replay_spec``, ``replay_cfg``
     and ``replay_state_layout`` keywords, and holds a :class:`ReplayMambaStates` as ``replay``
