@@ -69,7 +69,7 @@ class Stack:
 
 
 STACKS = {
-    # 52 sublayers: 24 Mamba-2, 24 MLP, 4 attention (Nemotron-H-8B's counts, field notes section 3)
+    # 52 sublayers: 24 Mamba-2, 24 MLP, 4 attention (Nemotron-H-8B's counts)
     "nemotron-h-8b": Stack("nemotron-h-8b", 4096, "SMSMSMSMSMSMA" * 4,
                            rs.LayerSpec.mamba2(num_heads=128, head_dim=64, state_dim=128, num_groups=8),
                            21504, "relu2", 32, 8, 128),

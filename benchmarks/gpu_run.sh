@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: install the package from this tree, run the kernel tests at real dims,
+# On a GPU machine: install the package from this tree, run the kernel tests at real dims,
 # then the decode benchmark. Logs and JSON go to ${OUT:-/tmp/out}.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}

@@ -1,7 +1,8 @@
-"""Turn a bench_decode.py JSON into the BENCHMARKS.md tables and a PNG plot.
+"""Turn a bench_decode.py JSON (and decode_step.py JSONs) into the BENCHMARKS.md tables and PNG plots.
 
-    python benchmarks/report.py docs/bench-h200-2026-11-29.json --png docs/decode-h200.png
-    python benchmarks/report.py bench.json --bars docs/decode-h200-b256.png --title "..."   (one batch)
+    python benchmarks/report.py benchmarks/results/bench-decode-h200.json --png benchmarks/results/decode-h200.png \
+        --bars benchmarks/results/decode-h200-b256.png \
+        --steps benchmarks/results/decode-step-h200.json benchmarks/results/decode-step-h200-staggered.json
 """
 
 from __future__ import annotations
@@ -50,14 +51,33 @@ def decode_table(t, copy_gbps):
 
 
 def read_format_table(t):
-    rows = ["| model | batch | non-flush w=7 fp32 µs | fp8 µs | nvfp4 µs | nvfp4 speedup | flush fp32 / fp8 / nvfp4 µs |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| model | batch | non-flush w=7 fp32 µs | fp8 µs | nvfp4 µs | nvfp4 speedup | flush fp32 / fp8 / nvfp4 µs | "
+            "amortized fp32 / fp8 / nvfp4 µs |",
+            "|---|---|---|---|---|---|---|---|"]
     for (model, batch), m in sorted(t.items()):
         if "ours non-flush w=7 nvfp4" not in m:
             continue
         f32, f8, f4 = (m[k]["us"] for k in ("ours non-flush w=7", "ours non-flush w=7 fp8", "ours non-flush w=7 nvfp4"))
         fl = " / ".join(f"{m[k]['us']:.0f}" for k in ("ours flush", "ours flush fp8", "ours flush nvfp4"))
-        rows.append(f"| {model} | {batch} | {f32:.0f} | {f8:.0f} | {f4:.0f} | {f32 / f4:.2f}x | {fl} |")
+        am = " / ".join(f"{u:.1f}" for u in (m["ours amortized (16-step window)"]["us"], _amortized(m, "fp8"),
+                                              _amortized(m, "nvfp4")))
+        rows.append(f"| {model} | {batch} | {f32:.0f} | {f8:.0f} | {f4:.0f} | {f32 / f4:.2f}x | {fl} | {am} |")
+    return "\n".join(rows)
+
+
+def layout_table(t):
+    """GDN / KDA with the checkpoint in a framework's [slots, HV, V, K] layout, as the SGLang and TRT-LLM adapters bind it."""
+    rows = ["| model | batch | non-flush w=7 µs (pool / vk) | flush µs (pool / vk) | amortized µs (pool / vk) | "
+            "SGLang replay amortized µs | vs SGLang (vk) |", "|---|---|---|---|---|---|---|"]
+    for (model, batch), m in sorted(t.items()):
+        vk = m.get("ours amortized (16-step window, vk state)")
+        if vk is None:
+            continue
+        sg = sglang_amortized(m)
+        rows.append(f"| {model} | {batch} | {m['ours non-flush w=7']['us']:.0f} / {m['ours non-flush w=7 (vk state)']['us']:.0f} | "
+                    f"{m['ours flush']['us']:.0f} / {m['ours flush (vk state)']['us']:.0f} | "
+                    f"{m['ours amortized (16-step window)']['us']:.1f} / {vk['us']:.1f} | "
+                    + (f"{sg:.1f} | {sg / vk['us']:.2f}x |" if sg else "– | – |"))
     return "\n".join(rows)
 
 
@@ -97,6 +117,35 @@ def _amortized(m, fmt):
     """(15 x non-flush w=7 + flush) / 16 behind a read copy, or None."""
     nf, fl = m.get(f"ours non-flush w=7 {fmt}"), m.get(f"ours flush {fmt}")
     return (15 * nf["us"] + fl["us"]) / 16 if nf and fl else None
+
+
+def verify_t8_table(t):
+    """T = 8: half the rows flushing (row r at r mod 16 entries), and the query forms the adapters pass."""
+    rows = ["| model | batch | no flush µs | half the rows flush µs | snapshot baseline µs | vs baseline (no flush / half) | "
+            "q fp32 µs | q bf16 + q_scale µs |", "|---|---|---|---|---|---|---|---|"]
+    for (model, batch), m in sorted(t.items()):
+        k = "ours verify T=8 (no flush)"
+        if k not in m or "ours verify T=8 (half the rows flush)" not in m:
+            continue
+        base = next((v["us"] for kk, v in m.items() if kk.startswith(("baseline mamba2 per-draft snapshots",
+                                                                       "peer fla kda per-draft snapshots"))
+                     and kk.endswith("T=8")), None)
+        nf, half = m[k]["us"], m["ours verify T=8 (half the rows flush)"]["us"]
+        q32, qs = (m.get(f"ours verify T=8 (no flush, {q})", {}).get("us")
+                   for q in ("q fp32 as the adapters pass it", "q bf16 + q_scale"))
+        rows.append(f"| {model} | {batch} | {nf:.1f} | {half:.1f} | " + (f"{base:.1f} | {base / nf:.2f}x / {base / half:.2f}x | "
+                    if base else "– | – | ") + " | ".join(f"{u:.1f}" if u else "–" for u in (q32, qs)) + " |")
+    return "\n".join(rows)
+
+
+def step_table(paths):
+    """decode_step.py JSONs: amortized µs per step of a layer stack, the SSM layers' share and the speedup."""
+    rows = ["| stack | batch | cursors | variant | amortized µs | SSM share | speedup |", "|---|---|---|---|---|---|---|"]
+    for path in paths:
+        for r in json.load(open(path))["rows"]:
+            rows.append(f"| {r['stack']} | {r['batch']} | {r['cursors']} | {r['variant']} | {r['amortized_us']:.1f} | "
+                        f"{100 * r['ssm_share']:.0f} % | {r['speedup']:.2f}x |")
+    return "\n".join(rows)
 
 
 def plot_batch(t, batch, path, title):
@@ -172,6 +221,7 @@ def main():
     ap.add_argument("--png", default=None)
     ap.add_argument("--bars", default=None, metavar="PNG",
                     help="grouped bars at the JSON's batch 256 (or its only batch)")
+    ap.add_argument("--steps", nargs="*", default=None, metavar="JSON", help="decode_step.py JSONs to tabulate")
     ap.add_argument("--title", default="Decode step per layer on an H200 (window 16, bf16 activations)")
     args = ap.parse_args()
     data, t = load(args.json)
@@ -180,7 +230,11 @@ def main():
     print(decode_table(t, copy), "\n")
     print(read_format_table(t), "\n")
     print(staggered_table(t), "\n")
-    print(verify_table(t))
+    print(verify_table(t), "\n")
+    print(verify_t8_table(t), "\n")
+    print(layout_table(t))
+    if args.steps:
+        print("\n" + step_table(args.steps))
     if args.png:
         plot(t, args.png)
     if args.bars:

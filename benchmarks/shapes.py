@@ -1,4 +1,4 @@
-"""Layer shapes shared by tests and benchmarks (field notes, section 3)."""
+"""Layer shapes shared by tests and benchmarks: one SSM layer of Nemotron-H, Qwen3.5, Qwen3.5-122B and Kimi-Linear."""
 
 import replayssm as rs
 

@@ -47,43 +47,10 @@ _compiled: set = set()
 # 16 words for tl.dot; smaller states pad with zero words; `dot`: the products' precision),
 # `verify_read` behind an fp8 / NVFP4 read copy; verify_flush is its flush pass. A flush pass
 # launches `row_programs` programs per (tile, head), which share the step's flush rows (found by
-# scanning the cursors in FLUSH_SCAN_ROWS-row blocks): a step where few rows flush launches no
-# program per row (at batch 256 one program per (tile, head, row) cost 35-45 us of exiting programs
-# on every non-flush step).
-# Swept 2026-11-30 at batch 256 behind NVFP4 (w=7 / flush / staggered step, us): Mamba-2 row_programs
-# 16: 216.6 / 1497.6 / 303.0 (one program per head and row was 249.4 / 1192.3 / 311.8); GDN 4: 142.4 /
-# 1358.2 / 222.8 (was 163.9 / 1030.3 / 227.7). A flush body inside the row loop is slower than one
-# program's single row (1447 / 1390 us at row_programs 256); decode tiles fold (fold=False, the flush
-# pass instead, was slower on every model). Untimed tiles take 16. The GDN / KDA replay behind a read copy
-# on one warp (2026-12-01, NVFP4, w=7 / flush / staggered us): 16 value rows 143.2 / 1003.8 / 200.6 (Qwen3.5),
-# 161.8 / 1274.8 / 236.1 (Kimi-Linear) against 142.5 / 1356.3 / 222.8 and 161.9 / 1698.3 / 261.1 at 32 rows on
-# two warps (each entry's reduction over K stays within the warp); 32 rows on one warp 2000.0 flush, 8 rows 1662.2.
-# NVFP4 read tiles (2026-12-01, batch 256, non-flush w=7 / w=14 / staggered us), since the decode loads the factors
-# of its words on contiguous channels once per chunk: GDN 64 rows / 1 warp / chunk 64 / 3 stages 103.2 / 106.9 /
-# 163.0 (Qwen3.5; 189.6 / 194.0 / 307.5 at 122B dims) against 210.5 / 214.4 / 264.6 at the earlier 64 / 2 / 64 / 2
-# (143.0 / 171.5 / 200.3 before the change); Mamba-2 the same tile 154.3 / 156.9 / 243.1 (Nemotron-H) against
-# 264.3 / 268.8 / 345.2 at 64 / 2 / 64 / 2 (216.2 / 274.6 / 303.0 before). The Mamba-2 decode on the checkpoint
-# (2026-12-01, Nemotron-H, batch 256, w=7 / flush / staggered / amortized over a 16-step window us): 64 rows / 1 warp /
-# chunk 64 / 2 stages with a 4-deep fold 278.6 / 786.9 / 322.5 / 304.0 against 297.6 / 887.5 / 345.2 / 329.8 at
-# 64 / 2 / 32 / 3 (fold 3-deep); a fold 2-, 3- or 6-deep, fold chunks of 8 or 32, 32 rows and 3- or 4-deep
-# state pipelines were slower (docs/sweep-h200-2026-12-01c.txt).
-# verify_flush (2026-12-01, batch 256, T = 8 verify whose rows all / half flush, checkpoint / NVFP4 us): GDN 16 rows /
-# 1 warp 1818.7 / 977.2 / 2448.0 / 1418.5 (Qwen3.5; 32 / 8 warps was 5906.7 / 3135.4 / 7983.6 / 4510.9), KDA 3362.0 /
-# 2070.1 / 4205.8 / 2731.4 (9943.5 / 5270.3 / 11806.0 / 7050.0); Mamba-2 64 rows / 2 warps 1524.8 / 992.2 / 2667.6 /
-# 1644.7 (Nemotron-H; 64 / 4 was 1919.3 / 1184.6 / 2838.4 / 1739.9). The delta fold stream's own pipeline depth
-# (2026-11-30, fp32 checkpoint, w=7 / flush / staggered us): Qwen3.5 fold_stages 1: 155.5 / 449.3 / 180.0 against
-# 156.4 / 502.8 / 194.7 at the decode's 2 (3: 469.5 flush, 4: 478.7); Kimi-Linear 3: 187.0 / 593.7 / 247.0 against
-# 190.6 / 616.6 / 251.7 (1: 284.9 staggered); [S, HV, V, K] Qwen3.5 1: 167.1 / 459.0 / 194.8 against 167.4 /
-# 472.1 / 196.1. Verify tiles (2026-11-30, batch 256, T = 8, checkpoint / behind NVFP4, us): Mamba-2 64 rows / 1 warp
-# 728.3 (32 / 2 was 1116.6), NVFP4 64 / 2 1423.7 (1813.1); GDN Qwen3.5 128 / 2 414.1 (32 / 2: 653.0), NVFP4 64 / 2
-# 736.2 (938.6); KDA 128 / 2 1028.0 (64 / 4: 2191.2), NVFP4 128 / 4 1460.7 (2345.0). With dot_fp32's fewer tf32
-# passes (2026-11-30, same shapes, bf16 q): Mamba-2 64 / 1 516.2, NVFP4 64 / 1 934.9 (64 / 2: 1002.6); GDN 128 / 2
-# 285.4, NVFP4 128 / 2 378.0 (64 / 2: 423.3); KDA 128 / 2 1035.3, NVFP4 128 / 4 1320.5. fp8 verify takes
-# verify_read untimed. A verify pads its T tokens to a power of two, at least `tokens` (default 2): 2026-11-30,
-# batch 256, T = 2 / 4 / 8 (checkpoint, us), at least 2 against at least 8 (16 before): Mamba-2 364.8 / 381.0 /
-# 413.9 against 389.7 / 401.4 / 414.4 (498.7 at T = 2, 516.7 at 8); KDA 434.3 / 566.7 / 657.3 against 592.6 /
-# 628.4 / 657.5 (920.6, 1029.6); GDN 250.3 / 223.9 / 257.6 against 210.6 / 228.6 / 257.8 (238.9, 286.0), so GDN's
-# checkpoint verify takes 8 (behind NVFP4, 210.7 against 214.2 at T = 2).
+# scanning the cursors in FLUSH_SCAN_ROWS-row blocks), so a step where few rows flush launches no
+# program per row; tiles not swept take 16. A verify pads its T tokens to a power of two, at least the
+# tile's `tokens` (default 2); fp8 verifies take `verify_read`. The sweeps behind these tiles, and the
+# alternatives measured for each, are in docs/kernel-design.md.
 TILES = {
     "mamba2": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=4,
                               dot="tf32x3"),
@@ -110,9 +77,7 @@ TILES = {
             "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
             "read": dict(rows=128, num_warps=2, chunk=16, stages=3, acc=True),
             "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-            # the verify folds its flush rows (unpipelined, through the decode's _fold_rows; H200, T = 8, batch 256, us,
-            # no flush / all / half the rows flushing): 653.9 / 1119.9 / 901.8 against the flush pass folding
-            # (fold=False) 636.6 / 1261.8 / 957.2 (BENCHMARKS.md v20; with the pipelined loop of v19 it lost)
+            # the verify folds its flush rows (unpipelined, through the decode's _fold_rows)
             "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
             "verify_read": dict(rows=128, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
 }

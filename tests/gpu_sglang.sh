@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The SGLang lifecycle tests on the GPU (REPLAYSSM_TEST_DEVICE=cuda: SGLang's pools on cuda, the Triton
-# kernels compiled for the GPU), on the device machine: Python 3.12 with torch, triton, transformers and
-# pytest, but no sglang and no network. SGLang 0.5.23 and the packages its modules import that the
-# machine lacks travel as wheels in .whl (tests/gpu_sglang_wheels.sh fills it); this package is installed from the tree.
+# kernels compiled for the GPU), on a GPU machine with Python 3.12, torch, triton, transformers and
+# pytest, but no sglang and no network access. SGLang 0.5.23 and the packages its modules import that
+# such a machine lacks travel as wheels in .whl (tests/gpu_sglang_wheels.sh fills it); this package is installed from the tree.
 #
 #   run from the repository root, .whl carried:  bash tests/gpu_sglang.sh [pytest arguments]
 #   log: ${OUT:-/tmp/out}/sglang.log
@@ -12,7 +12,7 @@
 #   from it at import time on CUDA; none is called on these tests' paths. A stub package whose every
 #   name raises when called is written into the install folder (skipped where a real sgl_kernel imports).
 # - SGLang's bundled Rust radix TreeCore is built for torch 2.14 and misreads tensor dtypes under the
-#   machine's torch 2.11 ("insert value must be an int64 tensor, got QInt32"): the Python TreeCore is used.
+#   torch 2.11 of such a machine ("insert value must be an int64 tensor, got QInt32"): the Python TreeCore is used.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -55,7 +55,7 @@ def __getattr__(name):
 
 def _missing(module, name):
     def missing(*args, **kwargs):
-        raise RuntimeError(f"{module}.{name}: sglang-kernel is not installed here (tests/gpu_sglang.sh stub)")
+        raise RuntimeError(f"{module}.{name}: sglang-kernel is not installed (a tests/gpu_sglang.sh stub)")
     missing.__name__ = missing.__qualname__ = name
     return missing
 

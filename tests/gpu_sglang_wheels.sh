@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Fills the git-ignored .whl/ with what tests/gpu_sglang.sh installs on the device machine (Python 3.12,
-# no network): sglang 0.5.23 and the packages its modules import there that the machine's image lacks, at
-# the versions `make test` installs here. Run here (network) from the repository root, then carry .whl.
+# Fills the git-ignored .whl/ with what tests/gpu_sglang.sh installs on a GPU machine without network access
+# (Python 3.12): sglang 0.5.23 and the packages its modules import that such an image lacks, at the versions
+# `make test` installs. Run it from the repository root on a machine with network access, then copy .whl over.
 #
 # SGLang 0.5.23 is published as a cp311 manylinux wheel only; its modules are pure Python apart from the
 # Rust radix TreeCore, which gpu_sglang.sh replaces with SGLang's Python one, so the wheel is renamed

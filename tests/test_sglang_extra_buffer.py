@@ -34,7 +34,7 @@ INTERVAL = 8                        # --mamba-track-interval (the tiny model's c
 
 @pytest.fixture
 def extra_buffer_args(server_args, tmp_path, monkeypatch):
-    """SGLang's process-wide server arguments resolved for extra_buffer; the session's after."""
+    """SGLang's process-wide server arguments resolved for extra_buffer; the ``server_args`` fixture's after."""
     from sglang.srt.arg_groups import mamba_hook
     from sglang.srt.server_args import prepare_server_args, set_global_server_args_for_scheduler
 

@@ -1,6 +1,6 @@
 """The TensorRT plugin module imports without TensorRT and says what to install when it is needed.
 
-TensorRT is not installable here: the registrations themselves never ran (README, TensorRT-LLM).
+TensorRT installs only on CUDA machines: the registrations themselves never ran (docs/trtllm.md).
 """
 
 import subprocess

@@ -3,7 +3,7 @@
 launch of the same buffers (``JITFunction.warmup`` with a CUDA sm_90 target standing in for the
 driver: Triton's binder specializes the real arguments: contiguous CPU pools shaped as the GPU tests'
 ``n = 4`` rows and ``S = 6`` slots), compared as text. Triton compiles in a subprocess without ``TRITON_INTERPRET``
-(which the test session sets).
+(which tests/conftest.py sets on a CPU).
 
 Normalizations, each a difference that changes no instruction:
 - the ``.entry`` parameter declarations are compared as a set: ``compile_kernel`` reorders them to

@@ -13,6 +13,6 @@
 - ``executor``: ``enable_replay`` makes TRT-LLM's own PyTorch executor build replay managers and
   route its SSM layers to them, from an out-of-tree module (``trtllm-serve --custom_module_dirs``).
 
-Nothing here imports tensorrt or tensorrt_llm at import time. README.md, "TensorRT-LLM", says what
-was verified where and what never ran.
+Nothing here imports tensorrt or tensorrt_llm at import time. docs/trtllm.md says what was verified
+where and what never ran.
 """

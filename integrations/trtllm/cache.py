@@ -1,7 +1,7 @@
 """Replay for TensorRT-LLM's PyTorch backend: SSM-state bookkeeping over TRT-LLM's own state tensor.
 
-TensorRT-LLM cannot be installed here (no CPU wheels); this is written against its published
-names, read at NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/pyexecutor/mamba_cache_manager.py``
+TensorRT-LLM installs only on CUDA machines (no CPU wheels) and has never run with this; it is written
+against its published names, read at NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/pyexecutor/mamba_cache_manager.py``
 (commit 00bce92; 1.2.x keeps the module at this path, later versions under ``kv_cache/``):
 
 - ``BaseMambaCacheManager.get_ssm_states(layer_idx)``: ``[slots, num_heads, head_dim, d_state]``;
@@ -19,7 +19,7 @@ names, read at NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/pyexecutor/mamba_cache_
   gating (``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``) and L2-normalize q, k
   inside; ``decode`` / ``verify`` here take them formed.
 
-:class:`ReplayMambaStates` adds what TRT-LLM's own replay lacks (field notes 4.3): plain-decode
+:class:`ReplayMambaStates` adds what TRT-LLM's own replay lacks: plain-decode
 replay, a configurable window L, the precision split (fp32 / fp16-SR / bf16 checkpoint with an
 fp8 / NVFP4 read copy), and the spec commit as a cursor move. The checkpoint IS TRT-LLM's state
 tensor (wrapped, never copied): TRT-LLM's prefill kernels keep writing it, then
@@ -199,7 +199,7 @@ def layer_spec(model_type: str, temporal: torch.Tensor, conv: torch.Tensor) -> r
 
 
 def cache_manager_class(base=None, *, defaults: dict | None = None):
-    """TRT-LLM's ``PythonMambaCacheManager`` with replay on its ``temporal`` tensor (never run here).
+    """TRT-LLM's ``PythonMambaCacheManager`` with replay on its ``temporal`` tensor (never run inside TRT-LLM).
 
     The returned class takes TRT-LLM's constructor arguments plus ``replay_spec``, ``replay_cfg``
     and ``replay_state_layout`` keywords, and holds a :class:`ReplayMambaStates` as ``replay``

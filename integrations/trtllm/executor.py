@@ -1,4 +1,4 @@
-"""Replay inside TRT-LLM's own PyTorch executor, from an out-of-tree module (TensorRT-LLM never ran here).
+"""Replay inside TRT-LLM's own PyTorch executor, from an out-of-tree module (never run inside TensorRT-LLM).
 
 TRT-LLM builds a hybrid model's cache manager itself, after loading the model
 (``pyexecutor/_util.py``: ``KvCacheCreator`` picks the class, ``_create_kv_cache_manager`` builds it
@@ -23,7 +23,7 @@ PythonMambaCacheManager(...)`` by that module-global name and forwards ``mamba_l
 Call it before the executor is created, in every process that builds one, e.g. from a package that
 ``trtllm-serve --custom_module_dirs DIR`` imports (``DIR/<package>/__init__.py``), or before
 ``LLM(...)``. Replay then serves plain decode and linear speculative verify; TensorRT-LLM itself was
-never run with it (README.md, "TensorRT-LLM").
+never run with it (docs/trtllm.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Replay at TensorRT-LLM's Mamba-2 call site (PyTorch backend; TensorRT-LLM never ran here).
+"""Replay at TensorRT-LLM's Mamba-2 call site (PyTorch backend; never run inside TensorRT-LLM).
 
 Written against ``tensorrt_llm/_torch/modules/mamba/mamba2_mixer.py`` as read at NVIDIA/TensorRT-LLM
 commit 02140fd (the 1.2.x module has the same plain-decode path). ``Mamba2Mixer.__init__`` picks its

@@ -1,8 +1,8 @@
 """TensorRT Python-plugin registrations of the replayssm steps (``tensorrt.plugin``, TensorRT >= 10.9).
 
-NEVER RUN: TensorRT cannot be installed on the machine this was written on (no CPU wheels; the
-bindings need ``libnvinfer`` and a driver), so the registrations below were checked against the
-published API only (NVIDIA/TensorRT ``python/packaging/bindings_wheel/tensorrt/plugin``:
+NEVER RUN: TensorRT installs only on CUDA machines (no CPU wheels; the bindings need
+``libnvinfer`` and a driver) and has never run with these registrations, which were checked
+against the published API only (NVIDIA/TensorRT ``python/packaging/bindings_wheel/tensorrt/plugin``:
 ``_lib.py`` 5ca4580 ``register`` / ``aot_impl`` / ``PluginDef.__call__``, ``_validate.py`` 8c6d69d
 for the signatures they parse, ``_tensor.py`` 17003e4 ``TensorDesc.like`` / ``aliased``;
 ``KernelLaunchParams``, ``SymIntExprs``, ``SymInt32``, ``cdiv``, ``add_plugin(..., aot=True)`` from

@@ -675,7 +675,7 @@ def _delta_verify_kernel(
             # the flush row's history folds (the decode's fold without a token): the history's d and gates are read
             # again, and the state in small chunks, not pipelined (mostly from L2), so that the fold holds no
             # registers during the stream above (pipelined, its buffers cost the verify without flush rows shared
-            # memory and registers: H200, BENCHMARKS.md v19)
+            # memory and registers: docs/kernel-design.md)
             d_f = tl.load(rd + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :],
                           other=0.0)                                                          # [BM, BV]
             if PER_CHANNEL:

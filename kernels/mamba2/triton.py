@@ -487,6 +487,6 @@ def _mamba2_verify_kernel(
             x_f = tl.load(rx + pos[None, :] * P + op[:, None], mask=hist[None, :] & pmask[:, None], other=0.0)
             xs = x_f.to(tl.float32) * tl.where(hist, tl.exp(tl.minimum(lam_F - lam_f, 0.0)) * dtp_f, 0.0)[None, :]
             # small chunks, not pipelined: pipelined, the loop's buffers cost the verify without flush rows
-            # shared memory and registers (H200, BENCHMARKS.md v19)
+            # shared memory and registers (docs/kernel-design.md)
             _fold_chunks(ckpt + sl * c_s + h * c_h, c_p, c_n, xs, tl.exp(lam_F), rB, pos, hist, B, hist, op, pmask, h,
                          sr_base, tl.load(epoch_ptr + sl), P, N, 16, 1, CKPT_FMT, B_EX, DOT, False)
