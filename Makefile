@@ -9,6 +9,12 @@ SGLANG_DEPS := transformers==5.19.0 msgspec orjson pybase64 psutil requests pyda
 	aiohttp pillow tqdm regex IPython dill apache-tvm-ffi sentencepiece compressed-tensors gguf openai \
 	partial_json_parser uvloop jsonschema xgrammar soundfile python-multipart
 
+# sglang 0.5.17 (torch 2.11's release) unpacked beside it, with its transformers pin: its Python
+# modules import on this torch, and tests/test_sglang_0517.py runs the adapter's seams against them
+SGLANG_0517 := build/sglang-0.5.17
+SGLANG_0517_PKGS := sglang==0.5.17 transformers==5.12.1 tokenizers==0.22.2 huggingface-hub==1.33.0 \
+	httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.11.0 sniffio==1.3.1
+
 .PHONY: demo test test-wheel conformance clean
 
 $(STAMP): pyproject.toml Makefile
@@ -20,10 +26,16 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q $(SGLANG_DEPS)
 	touch $(STAMP)
 
+$(SGLANG_0517)/.installed: Makefile | $(STAMP)
+	rm -rf $(SGLANG_0517)
+	$(PY) -m pip install -q --no-deps --only-binary=:all: --target $(SGLANG_0517) --python-version 3.12 \
+		--implementation cp --platform manylinux_2_34_x86_64 --platform manylinux_2_17_x86_64 $(SGLANG_0517_PKGS)
+	touch $@
+
 demo: $(STAMP)
 	$(PY) -m replayssm.demo
 
-test: $(STAMP)
+test: $(STAMP) $(SGLANG_0517)/.installed
 	$(PY) -m pytest -q -n auto --ignore=tests/conformance
 	$(MAKE) conformance
 	$(MAKE) test-wheel
