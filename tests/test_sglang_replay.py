@@ -460,6 +460,16 @@ def test_a_gdn_backend_on_a_mamba2_pool_is_refused(server_args, replay_on):
         GDNAttnBackend(runner)
 
 
+def test_a_model_that_updates_its_state_past_the_seams_is_refused(server_args, replay_on):
+    from types import SimpleNamespace
+
+    model_config = SimpleNamespace(hf_config=SimpleNamespace(architectures=["JetNemotronForCausalLM"]))
+    with pytest.raises(RuntimeError, match="JetNemotronForCausalLM updates its recurrent state in the model"):
+        _backends(_req_pool(), server_args, model_config)
+    model_config.hf_config.architectures = ["NemotronHForCausalLM"]
+    _backends(_req_pool(), server_args, model_config)
+
+
 def test_slot_events_follow_sglang_clear_copy_and_host_copy(replay_on):
     gen = torch.Generator().manual_seed(2)
     run = Run(_req_pool(), replay_on, gen)

@@ -157,7 +157,8 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
             pool.after_int8_load(active_mamba_pool, active_slots))
     _around(ScheduleBatchDisaggregationDecodeMixin, "prepare_for_prebuilt",
             after=lambda batch: pool.after_transfer(batch.req_to_token_pool, batch.reqs))
-    _around(hlab.MambaAttnBackendBase, "__init__", after=lambda backend, model_runner: check_linear_backend(backend))
+    _around(hlab.MambaAttnBackendBase, "__init__",
+            after=lambda backend, model_runner: check_linear_backend(backend, model_runner))
 
 
 def _around(owner, name: str, *, before=None, after=None) -> None:
@@ -213,8 +214,13 @@ def around_extend(extend):
     return forward_extend
 
 
-def check_linear_backend(backend) -> None:
-    """Refuse (RuntimeError) a linear-attention backend that replay does not serve on its pool."""
+# models whose layers update their recurrent state themselves, past the kernel seams replay routes
+BYPASSING_ARCHITECTURES = ("JetNemotronForCausalLM", "JetVLMForConditionalGeneration")
+
+
+def check_linear_backend(backend, model_runner=None) -> None:
+    """Refuse (RuntimeError) a linear-attention backend that replay does not serve on its pool, and a
+    model (``model_runner.model_config``) whose layers bypass the seams."""
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
     from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
     from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
@@ -222,6 +228,11 @@ def check_linear_backend(backend) -> None:
     owner = backend.req_to_token_pool.mamba_pool
     if not hasattr(owner, "replay"):
         return
+    hf_config = getattr(getattr(model_runner, "model_config", None), "hf_config", None)
+    for arch in getattr(hf_config, "architectures", None) or ():
+        if arch in BYPASSING_ARCHITECTURES:
+            raise RuntimeError(f"--replay-ssm: {arch} updates its recurrent state in the model, past the kernel seams "
+                               "replayssm routes; serve this model without --replay-ssm")
     name, spec = type(backend).__name__, owner.replay.spec
     families = ((Mamba2AttnBackend, "mamba2"), (GDNAttnBackend, "gdn"), (KDAAttnBackend, "kda"))
     family = next((f for cls, f in families if isinstance(backend, cls)), None)
