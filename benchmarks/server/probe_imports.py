@@ -1,6 +1,6 @@
 """Import the modules a SGLang server process loads and list every module that is missing, in one go.
 
-    python benchmarks/server/probe_imports.py [--pretend-cuda]
+    python benchmarks/server/probe_imports.py [--modules M ...]
 
 Each round imports them in a fresh process; a module that was not found is replaced by an empty
 placeholder in the next round, so the import goes on to the next missing one. The probe then exits 1
@@ -10,11 +10,12 @@ nothing of SGLang's: use it to check a kit (``kit.py``) before starting a server
 
 from __future__ import annotations
 
+import argparse
 import importlib
-import json
-import subprocess
 import importlib.abc
 import importlib.machinery
+import json
+import subprocess
 import sys
 import traceback
 import types
@@ -64,25 +65,12 @@ class _Placeholders(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-def _pretend_hopper() -> None:
-    """``--pretend-cuda``: torch reports one sm90 GPU, so a probe on a machine without one follows the
-    import branches SGLang takes on CUDA (it then finds missing modules, not CUDA errors)."""
-    import torch
-
-    torch.cuda.is_available = lambda: True
-    torch.cuda.device_count = lambda: 1
-    torch.cuda.get_device_capability = lambda device=None: (9, 0)
-    torch.cuda.get_device_name = lambda device=None: "NVIDIA H200"
-
-
-def child(placeholders: list[str], pretend_cuda: bool) -> None:
-    """Import ``MODULES`` with ``placeholders`` in place; print one JSON line: the modules that were
-    not found (with where), and the other import errors."""
-    if pretend_cuda:
-        _pretend_hopper()
+def child(modules: list[str], placeholders: list[str]) -> None:
+    """Import ``modules`` with ``placeholders`` in place; print one JSON line: the modules that were
+    not found (with where they were imported), and the other import errors."""
     sys.meta_path.insert(0, _Placeholders(placeholders))
     missing, failed = {}, {}
-    for name in MODULES:
+    for name in modules:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -96,32 +84,40 @@ def child(placeholders: list[str], pretend_cuda: bool) -> None:
     print(json.dumps(dict(missing=missing, failed=failed)))
 
 
-def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(json.loads(sys.argv[2]), sys.argv[3] == "1")
-        return 0
-    pretend = "1" if "--pretend-cuda" in sys.argv[1:] else "0"
+def probe(modules: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``(missing module -> where it is imported, module -> other import error)`` for ``modules``."""
     placeholders: list[str] = []
     where: dict[str, str] = {}
     for _ in range(ROUNDS):
-        out = subprocess.run([sys.executable, __file__, "--child", json.dumps(placeholders), pretend], capture_output=True,
-                             text=True)
+        out = subprocess.run([sys.executable, __file__, "--child", json.dumps([modules, placeholders])],
+                             capture_output=True, text=True)
         lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
         if out.returncode or not lines:
-            print(out.stdout[-4000:], out.stderr[-4000:])
-            return 2
+            raise RuntimeError(f"probe process failed ({out.returncode}): {out.stderr[-4000:]}")
         found = json.loads(lines[-1])
         new = [m for m in found["missing"] if m not in placeholders]
         placeholders += new
         where.update(found["missing"])
         if not new:
             break
-    for name, why in found["failed"].items():
+    return {name: where[name] for name in placeholders}, found["failed"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--modules", nargs="+", default=list(MODULES), help="modules to import (default: a server's)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child is not None:
+        child(*json.loads(args.child))
+        return 0
+    missing, failed = probe(args.modules)
+    for name, why in failed.items():
         print(f"import {name}: {why}")
-    for name in placeholders:
-        print(f"missing module: {name} (imported at {where[name]})")
-    print(f"probe: {len(MODULES)} modules, {len(placeholders)} missing, {len(found['failed'])} failed otherwise")
-    return 1 if placeholders or found["failed"] else 0
+    for name, where in missing.items():
+        print(f"missing module: {name} (imported at {where})")
+    print(f"probe: {len(args.modules)} modules, {len(missing)} missing, {len(failed)} failed otherwise")
+    return 1 if missing or failed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,101 @@
+"""The real-server harness in benchmarks/server (it runs on a GPU machine; these check its parts here):
+the kit's stripped wheels are valid wheels, the import probe names every missing module, the runner refuses a missing or altered
+kit, and the comparison counts what it says."""
+
+import base64
+import hashlib
+import json
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "server"))
+
+import check_server  # noqa: E402
+import kit  # noqa: E402
+
+
+def _wheel(path: pathlib.Path, members: dict[str, bytes]) -> pathlib.Path:
+    with zipfile.ZipFile(path, "w") as z:
+        rows = []
+        for name, data in members.items():
+            z.writestr(name, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            rows.append(f"{name},sha256={digest},{len(data)}")
+        z.writestr("pkg-1.0.dist-info/RECORD", "\n".join(rows + ["pkg-1.0.dist-info/RECORD,,"]) + "\n")
+    return path
+
+
+def test_stripped_wheel_keeps_every_other_member_and_a_matching_record(tmp_path):
+    src = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", {
+        "pkg/__init__.py": b"x = 1\n", "pkg/big/lib.so": b"\x7fELF" * 1000, "pkg/big.py": b"y = 2\n",
+        "pkg-1.0.dist-info/METADATA": b"Name: pkg\n"})
+    (tmp_path / "out").mkdir()
+    out = kit.strip_wheel(src, tmp_path / "out", ("pkg/big/",))
+    with zipfile.ZipFile(out) as z:
+        names = sorted(z.namelist())
+        assert names == ["pkg-1.0.dist-info/METADATA", "pkg-1.0.dist-info/RECORD", "pkg/__init__.py", "pkg/big.py"]
+        record = z.read("pkg-1.0.dist-info/RECORD").decode().splitlines()
+        for row in record[:-1]:
+            name, digest, size = row.split(",")
+            data = z.read(name)
+            assert digest == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert int(size) == len(data)
+        assert record[-1] == "pkg-1.0.dist-info/RECORD,,"
+
+
+def test_probe_names_every_missing_module_and_where_it_is_imported(tmp_path):
+    (tmp_path / "first.py").write_text("import json\nimport replayssm_no_such_a\nimport replayssm_no_such_b.sub\n")
+    (tmp_path / "second.py").write_text("import os\n")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/server/probe_imports.py"), "--modules", "first",
+                          "second"], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": ""},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert f"missing module: replayssm_no_such_a (imported at {tmp_path / 'first.py'}:2)" in out.stdout
+    assert f"missing module: replayssm_no_such_b (imported at {tmp_path / 'first.py'}:3)" in out.stdout
+    assert "probe: 2 modules, 2 missing, 0 failed otherwise" in out.stdout
+    clean = subprocess.run([sys.executable, str(ROOT / "benchmarks/server/probe_imports.py"), "--modules", "second"],
+                           cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": ""}, capture_output=True, text=True,
+                           timeout=120)
+    assert clean.returncode == 0 and "0 missing" in clean.stdout
+
+
+def _runner(tmp_path, kit_files: dict[str, bytes]) -> subprocess.CompletedProcess:
+    """gpu_server.sh from a copy of its folder layout, with ``.kit/`` holding ``kit_files``."""
+    tree = tmp_path / "tree"
+    (tree / "benchmarks" / "server").mkdir(parents=True)
+    (tree / "benchmarks" / "server" / "gpu_server.sh").write_text((ROOT / "benchmarks/server/gpu_server.sh").read_text())
+    (tree / ".kit").mkdir()
+    for name, data in kit_files.items():
+        (tree / ".kit" / name).write_bytes(data)
+    return subprocess.run(["bash", str(tree / "benchmarks/server/gpu_server.sh")], capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+                                            "PYTHON": sys.executable, "SITE": str(tmp_path / "site")})
+
+
+def test_runner_refuses_a_missing_or_altered_kit(tmp_path):
+    missing = _runner(tmp_path / "a", {})
+    assert missing.returncode == 2 and ".kit/manifest.json and .kit/site.tar.xz are missing" in missing.stdout
+    archive = b"not the archive the manifest names"
+    manifest = json.dumps(dict(sha256=hashlib.sha256(b"another archive").hexdigest())).encode()
+    altered = _runner(tmp_path / "b", {"manifest.json": manifest, "site.tar.xz": archive})
+    assert altered.returncode == 2 and "does not match .kit/manifest.json" in altered.stdout
+
+
+def test_comparison_counts_identical_requests_and_the_first_difference():
+    def result(*requests):
+        return dict(single=[dict(output_ids=[1, 2, 3], logprobs=[-1.0, -2.0, -3.0])],
+                    wave=[dict(output_ids=ids, logprobs=lp) for ids, lp in requests])
+    ref = result(([5, 6, 7, 8], [-0.5, -0.5, -0.5, -0.5]), ([9, 9], [-1.0, -1.0]))
+    got = result(([5, 6, 0, 8], [-0.5, -0.25, -0.1, -0.5]), ([9, 9], [-1.0, -1.5]))
+    out = check_server.compare(ref, got)
+    assert out["single"]["identical"] == 1 and out["single"]["logprob_diff_max"] == 0.0
+    wave = out["wave"]
+    assert wave["requests"] == 2 and wave["identical"] == 1 and wave["first_difference_at"] == [2]
+    assert wave["tokens_compared"] == 4                          # 2 before the first difference, then 2
+    assert wave["logprob_diff_max"] == 0.5 and wave["logprob_diff_mean"] == pytest.approx((0 + 0.25 + 0 + 0.5) / 4)
