@@ -209,10 +209,10 @@ class StatePool:
 
         ``checked=False`` (triton backend) reads nothing on the host: ``slots`` (int64 on the pool's
         device) must then be distinct, which is not checked, and the host record of uncommitted
-        verifies is left alone (as ``commit(checked=False)`` does). A padded row re-derives the
-        read copy of the first real row, the same bytes that row writes (with no real row, slot
-        0's from its own checkpoint: the bytes it holds, since every write of a checkpoint
-        re-derives its read copy).
+        verifies is left alone (as ``commit(checked=False)`` does). A padded row (-1, or any index
+        outside ``[0, num_slots)``) re-derives the read copy of the first real row, the same bytes
+        that row writes (with no real row, slot 0's from its own checkpoint: the bytes it holds,
+        since every write of a checkpoint re-derives its read copy), and resets no cursor.
         """
         if layer is not None:
             self._layer(layer)
@@ -222,7 +222,8 @@ class StatePool:
             check_slot_tensor(slots, self.device)
             if slots.numel() == 0:
                 return
-            real = slots >= 0
+            real = (slots >= 0) & (slots < self.num_slots)
+            slots = torch.where(real, slots, torch.full_like(slots, -1))
             first = slots.index_select(0, torch.argmax(real.to(torch.int8)).view(1)).clamp(min=0)  # or slot 0
             rows = torch.where(real, slots, first)
         else:

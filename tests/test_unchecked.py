@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import replayssm as rs
-from helpers import SPECS, Params, assert_same_resets, make_inputs
+from helpers import PER_LAYER, SPECS, Params, assert_same_resets, make_inputs
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -155,6 +155,100 @@ def test_unchecked_refresh_equals_checked_refresh_and_reads_no_device_value(fmt)
     assert mode.found == [], mode.found
     assert free.cursors["count"][:, sf[1:]].eq(0).all() and free.cursors["count"][:, sf[0]].gt(0).all()
     assert_same_resets(checked, free)
+
+
+# slot indices outside a pool of 5 slots: below -1, at and past the end, past int32
+OUTSIDE = (-2, 5, 6, 2 ** 40)
+
+
+def _buffers(pool) -> dict:
+    """Every buffer of a pool, the padding column of the cursors included, as bytes."""
+    out = {"checkpoint": pool.checkpoint}
+    out.update({f"read.{k}": v for k, v in pool.read.items()})
+    out.update({f"ring.{k}": v for k, v in pool.ring.items()})
+    out.update({f"cursors.{k}": v for k, v in pool.cursors.items()})
+    return {k: v.contiguous().view(torch.uint8).clone() for k, v in out.items()}
+
+
+def _assert_same_buffers(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.parametrize("family, fmt", [("mamba2", {}), ("gdn", {}), ("kda", dict(read_format="fp8")),
+                                         ("mamba2", dict(read_format="nvfp4")), ("gdn", dict(read_format="nvfp4"))])
+def test_unchecked_slots_outside_the_pool_are_padded_rows(family, fmt):
+    """``checked=False`` with slot indices outside ``[0, num_slots)``: the step, advance, commit and
+    flush kernels and the unchecked refresh take them as padded rows, as they take -1: zero output
+    rows, nothing of the pool read or written. Every buffer (cursors' padding column included) ends
+    bit for bit as a checked run's with -1 in those rows, through flushing decodes, verify + commit,
+    a flush and a refresh, reading no device value."""
+    spec, (checked, free), (sc, sf) = _pools(family, **fmt)
+    gen = torch.Generator().manual_seed(21)
+    params = Params(spec, 2, gen)
+
+    def rows(slots, pads):                   # two padded rows between the pool's three
+        return torch.cat((slots[:2], torch.tensor(pads, dtype=torch.int64, device=DEVICE), slots[2:]))
+
+    for step in range(6):
+        bad = [OUTSIDE[step % 4], OUTSIDE[(step + 1) % 4]]
+        T = 2 + step % 2 if step in (2, 5) else None
+        fn = rs.decode if T is None else rs.verify
+        for layer in range(2):
+            inp = make_inputs(spec, params, layer, 5, T, gen, device=DEVICE)
+            y_c = fn(checked, layer, rows(sc, [-1, -1]), **inp)
+            with HostReads() as mode:
+                y_f = fn(free, layer, rows(sf, bad), checked=False, **inp)
+            assert mode.found == [], mode.found
+            assert torch.equal(y_c, y_f) and y_f[2:4].eq(0).all()
+        if T is not None:
+            acc = torch.tensor([T, 1, 0, 0, max(1, T - 1)], device=DEVICE)
+            checked.commit(rows(sc, [-1, -1]), acc.cpu())
+            with HostReads() as mode:
+                free.commit(rows(sf, bad), acc, checked=False)
+            assert mode.found == [], mode.found
+        _assert_same_buffers(_buffers(checked), _buffers(free))
+    assert free.cursors["count"][:, sf].gt(0).any()            # the flush below has something to fold
+    checked.flush(rows(sc, [-1, -1]))
+    with HostReads() as mode:
+        free.flush(rows(sf, OUTSIDE[:2]), checked=False)
+    assert mode.found == [], mode.found
+    _assert_same_buffers(_buffers(checked), _buffers(free))
+    state = torch.randn(2, 3, *checked.checkpoint.shape[2:], generator=gen).to(DEVICE)
+    for pool, slots in ((checked, sc), (free, sf)):            # the host writes the checkpoints
+        pool.checkpoint[:, slots] = state.to(pool.checkpoint.dtype)
+    checked.refresh(torch.cat((torch.tensor([-1, -1], device=DEVICE), sc)))
+    checked.refresh(torch.full((4,), -1, dtype=torch.int64, device=DEVICE), layer=1)
+    with HostReads() as mode:
+        free.refresh(torch.cat((torch.tensor(OUTSIDE[2:], device=DEVICE), sf)), checked=False)
+        free.refresh(torch.tensor(OUTSIDE, device=DEVICE), layer=1, checked=False)     # no row in the pool
+    assert mode.found == [], mode.found
+    _assert_same_buffers(_buffers(checked), _buffers(free))
+
+
+def test_unchecked_duplicate_slots_stay_in_their_slot():
+    """Duplicate slots under ``checked=False`` are the caller's error (not checked): the duplicated
+    slot's state is undefined, but no other slot, and nothing outside the pool, is touched: the
+    other slots end bit for bit as in a run without the duplicate rows."""
+    spec, (alone, dup), (sa, sd) = _pools("gdn", read_format="nvfp4")
+    gen = torch.Generator().manual_seed(5)
+    params = Params(spec, 2, gen)
+    for step in range(5):
+        for layer in range(2):
+            inp = make_inputs(spec, params, layer, 3, None, gen, device=DEVICE)
+            twice = {k: (torch.cat((v, v[:1])) if isinstance(v, torch.Tensor) and k not in PER_LAYER else v)
+                     for k, v in inp.items()}
+            y_a = rs.decode(alone, layer, sa, checked=False, **inp)
+            y_d = rs.decode(dup, layer, torch.cat((sd, sd[:1])), checked=False, **twice)
+            assert torch.equal(y_a[1:], y_d[1:3])
+    others = _buffers(alone), _buffers(dup)
+    for name in others[0]:
+        a, d = (b.view(alone.num_layers, -1) for b in (others[0][name], others[1][name]))
+        width = a.shape[1] // (alone.num_slots + (1 if name.startswith("cursors") else 0))
+        keep = [s for s in range(a.shape[1] // width) if s != int(sa[0])]
+        for s in keep:
+            assert torch.equal(a[:, s * width:(s + 1) * width], d[:, s * width:(s + 1) * width]), (name, s)
 
 
 def test_host_reads_detector_sees_a_checked_step():
