@@ -173,8 +173,9 @@ class StatePool:
         keep their checkpoint bytes. Refuses slots with an uncommitted verify.
 
         On the triton backend the flush kernel folds on the device. ``checked=False`` (triton
-        backend) reads nothing on the host: ``slots`` (int64 on the pool's device, -1 = padding)
-        must then be distinct and have no uncommitted verify, which is not checked.
+        backend) reads nothing on the host: ``slots`` (int64 on the pool's device, -1 = padding;
+        an index outside ``[0, num_slots)`` is a padded row too) must then be distinct and have no
+        uncommitted verify, which is not checked.
         """
         if layer is not None:
             self._layer(layer)
@@ -249,7 +250,8 @@ class StatePool:
                 (ignored for padded rows).
             checked: False (triton backend) skips the host-side checks of slots and counts and
                 reads no device value, for hosts that drive steps with ``checked=False``
-                (``replayssm.decode``); ``num_accepted`` must then be on the pool's device.
+                (``replayssm.decode``); ``num_accepted`` must then be on the pool's device, and a
+                slot outside ``[0, num_slots)`` is a padded row (skipped).
         """
         if not checked:
             self._require_unchecked()

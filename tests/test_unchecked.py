@@ -46,8 +46,8 @@ class HostReads(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _pools(family, **cfg):
-    spec = SPECS[family]
+def _pools(family, spec=None, **cfg):
+    spec = SPECS[family] if spec is None else spec
     config = rs.ReplayConfig(window=4, max_draft_tokens=2, **cfg)
     pools = [rs.StatePool(spec, config, num_layers=2, num_slots=5, device=DEVICE, backend="triton") for _ in range(2)]
     return spec, pools, [p.alloc(3) for p in pools]
@@ -176,15 +176,33 @@ def _assert_same_buffers(a: dict, b: dict) -> None:
         assert torch.equal(a[name], b[name]), name
 
 
-@pytest.mark.parametrize("family, fmt", [("mamba2", {}), ("gdn", {}), ("kda", dict(read_format="fp8")),
-                                         ("mamba2", dict(read_format="nvfp4")), ("gdn", dict(read_format="nvfp4"))])
+FORMATS = [("mamba2", {}), ("gdn", {}), ("kda", dict(read_format="fp8")), ("mamba2", dict(read_format="nvfp4")),
+           ("gdn", dict(read_format="nvfp4"))]
+# the models' dims (benchmarks' Nemotron-H, Qwen3.5, Kimi-Linear): the kernels' real tiles
+REAL = {"mamba2": rs.LayerSpec.mamba2(num_heads=128, head_dim=64, state_dim=128, num_groups=8),
+        "gdn": rs.LayerSpec.gdn(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128),
+        "kda": rs.LayerSpec.kda(num_k_heads=32, num_v_heads=32, head_k_dim=128, head_v_dim=128)}
+
+
+@pytest.mark.parametrize("family, fmt", FORMATS)
 def test_unchecked_slots_outside_the_pool_are_padded_rows(family, fmt):
     """``checked=False`` with slot indices outside ``[0, num_slots)``: the step, advance, commit and
     flush kernels and the unchecked refresh take them as padded rows, as they take -1: zero output
     rows, nothing of the pool read or written. Every buffer (cursors' padding column included) ends
     bit for bit as a checked run's with -1 in those rows, through flushing decodes, verify + commit,
     a flush and a refresh, reading no device value."""
-    spec, (checked, free), (sc, sf) = _pools(family, **fmt)
+    _outside_the_pool(family, None, fmt)
+
+
+@pytest.mark.skipif(not CUDA, reason="the models' dims take minutes per step in Triton's interpreter")
+@pytest.mark.parametrize("family, fmt", FORMATS + [("kda", {})])
+def test_unchecked_slots_outside_the_pool_at_real_dims(family, fmt):
+    """As above at the models' dims, with the kernels' real tiles (on a GPU)."""
+    _outside_the_pool(family, REAL[family], fmt)
+
+
+def _outside_the_pool(family, spec, fmt):
+    spec, (checked, free), (sc, sf) = _pools(family, spec, **fmt)
     gen = torch.Generator().manual_seed(21)
     params = Params(spec, 2, gen)
 
