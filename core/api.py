@@ -40,6 +40,8 @@ def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bo
         busy = pool.pending[layer, host[keep]]
         if bool((busy > 0).any()):
             raise ValueError("slots: a slot has an uncommitted verify in this layer; call pool.commit first")
+        if pool.spec.family == "mamba2":
+            _check_layer_A(pool, layer, inputs["A"])
     if T is None:  # decode: a token axis of one
         inputs = {k: (v if k in LAYER_INPUTS or v is None else v.unsqueeze(1)) for k, v in inputs.items()}
     pool._backend().step(pool, layer, slots, host, inputs, committed=T is None,
@@ -47,6 +49,17 @@ def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bo
     if checked and T is not None:
         pool.pending[layer, host[keep]] = T
     return out
+
+
+def _check_layer_A(pool: StatePool, layer: int, A: torch.Tensor) -> None:
+    """A Mamba-2 layer's ``A`` is a layer constant: folding its ring outside a step (``flush``,
+    ``read_state``, a later flush step) uses the ``A`` the layer was stepped with (``pool.layer_A``),
+    so a step with other values is refused (reads ``A`` on the host)."""
+    stored = pool.layer_A[layer]
+    if stored is not None and stored is not A and not torch.equal(stored.float(), A.float()):
+        diff = (stored.float() - A.float()).abs().max().item()
+        raise ValueError(f"A: a layer constant; layer {layer} was stepped with another A (max difference "
+                         f"{diff:.3g}), which its ring entries fold with; pass the layer's A every step")
 
 
 def decode(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -59,12 +72,16 @@ def decode(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tenso
         slots: int64 ``[n]``; -1 marks a padded row (output zero, nothing touched).
         out: optional output buffer, written in place.
         checked: True validates slot values on the host (allocated, distinct, no uncommitted
-            verify), which synchronizes with the device. False (triton backend only) checks
-            shapes, dtypes and devices only and never reads a device value, so a host can capture
-            the step in a CUDA graph; the slots are then the host's responsibility, and the pool's
-            host-side record of pending verifies is not kept (use ``commit(checked=False)`` too).
+            verify) and, for Mamba-2, that ``A`` is the layer's, which synchronizes with the
+            device. False (triton backend only) checks shapes, dtypes and devices only and never
+            reads a device value, so a host can capture the step in a CUDA graph; the slots are
+            then the host's responsibility (distinct; an index outside ``[0, num_slots)`` is taken
+            as a padded row, never read or written), and the pool's host-side record of pending
+            verifies is not kept (use ``commit(checked=False)`` too).
         inputs: Mamba-2 ``x [n, H, P]``, ``dt [n, H]`` (raw), ``A [H]``, ``B, C [n, G, N]``,
-            ``D [H]``, ``dt_bias [H]``, ``z [n, H, P]`` (last three optional); GDN/KDA
+            ``D [H]``, ``dt_bias [H]``, ``z [n, H, P]`` (last three optional); ``A``, ``D`` and
+            ``dt_bias`` are layer constants, the same values at every step of a layer (the ring
+            folds with the layer's ``A``, ``pool.layer_A``: a checked step refuses another); GDN/KDA
             ``q, k [n, HK, K]``, ``v [n, HV, V]``, ``g [n, HV]`` (GDN) or ``[n, HV, K]`` (KDA),
             ``beta [n, HV]``, ``scale`` (default ``K ** -0.5``), ``q_scale [n, HK]`` fp32 (optional: a
             factor per token and key head on q, e.g. the reciprocal of a host's L2 norm, so that q

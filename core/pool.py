@@ -173,8 +173,9 @@ class StatePool:
         keep their checkpoint bytes. Refuses slots with an uncommitted verify.
 
         On the triton backend the flush kernel folds on the device. ``checked=False`` (triton
-        backend) reads nothing on the host: ``slots`` (int64 on the pool's device, -1 = padding)
-        must then be distinct and have no uncommitted verify, which is not checked.
+        backend) reads nothing on the host: ``slots`` (int64 on the pool's device, -1 = padding;
+        an index outside ``[0, num_slots)`` is a padded row too) must then be distinct and have no
+        uncommitted verify, which is not checked.
         """
         if layer is not None:
             self._layer(layer)
@@ -209,10 +210,10 @@ class StatePool:
 
         ``checked=False`` (triton backend) reads nothing on the host: ``slots`` (int64 on the pool's
         device) must then be distinct, which is not checked, and the host record of uncommitted
-        verifies is left alone (as ``commit(checked=False)`` does). A padded row re-derives the
-        read copy of the first real row, the same bytes that row writes (with no real row, slot
-        0's from its own checkpoint: the bytes it holds, since every write of a checkpoint
-        re-derives its read copy).
+        verifies is left alone (as ``commit(checked=False)`` does). A padded row (-1, or any index
+        outside ``[0, num_slots)``) re-derives the read copy of the first real row, the same bytes
+        that row writes (with no real row, slot 0's from its own checkpoint: the bytes it holds,
+        since every write of a checkpoint re-derives its read copy), and resets no cursor.
         """
         if layer is not None:
             self._layer(layer)
@@ -222,7 +223,8 @@ class StatePool:
             check_slot_tensor(slots, self.device)
             if slots.numel() == 0:
                 return
-            real = slots >= 0
+            real = (slots >= 0) & (slots < self.num_slots)
+            slots = torch.where(real, slots, torch.full_like(slots, -1))
             first = slots.index_select(0, torch.argmax(real.to(torch.int8)).view(1)).clamp(min=0)  # or slot 0
             rows = torch.where(real, slots, first)
         else:
@@ -248,7 +250,8 @@ class StatePool:
                 (ignored for padded rows).
             checked: False (triton backend) skips the host-side checks of slots and counts and
                 reads no device value, for hosts that drive steps with ``checked=False``
-                (``replayssm.decode``); ``num_accepted`` must then be on the pool's device.
+                (``replayssm.decode``); ``num_accepted`` must then be on the pool's device, and a
+                slot outside ``[0, num_slots)`` is a padded row (skipped).
         """
         if not checked:
             self._require_unchecked()

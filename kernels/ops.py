@@ -10,7 +10,10 @@
 Every op mutates the caller's buffers in place (declared in ``mutates_args``), allocates
 nothing, never synchronizes with the host and is CUDA-graph capturable. Checkpoints may have
 any strides; ring, read-copy and cursor buffers must be contiguous per slot (asserted, never
-copied); inputs must have a contiguous last dimension.
+copied); inputs must have a contiguous last dimension. The step, advance and commit kernels take a
+slot index of -1, or any index outside the pool ``[0, S)``, as a padded row: it reads and writes
+nothing of the pool (a step's output row is zero), so a host's bad index never reaches memory outside
+the pool. The slots of one launch must be distinct; that is the caller's (``checked=True`` checks it).
 """
 
 from __future__ import annotations
@@ -194,6 +197,15 @@ def _require(name: str, t: torch.Tensor, shape, dtype=None, contiguous: bool = F
         raise ValueError(f"{name}: expected a contiguous last dimension, got strides {t.stride()}")
 
 
+def _require_cursors(S: int, n: int, count: torch.Tensor, origin: torch.Tensor, epoch: torch.Tensor,
+                     slots: torch.Tensor) -> None:
+    """One layer's cursors ``[S + 1]`` int32 for a checkpoint of ``S`` slots and the step's slot
+    indices ``[n]`` int64: the kernels take a slot outside ``[0, S)`` as a padded row."""
+    for name, t in (("count", count), ("origin", origin), ("epoch", epoch)):
+        _require(name, t, (S + 1,), torch.int32, contiguous=True)
+    _require("slots", slots, (n,), torch.int64, contiguous=True)
+
+
 def _require_committed(committed: bool, T: int) -> None:
     if committed and T != 1:
         raise ValueError(f"committed: a committed (decode) step takes one token per row, got T={T}")
@@ -253,6 +265,7 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
     _require("ring_x", ring_x, (S, H, C_cap, P), contiguous=True)
     _require("ring_dt", ring_dt, (S, H, C_cap), torch.float32, contiguous=True)
     _require("ring_B", ring_B, (S, G, C_cap, N), ring_x.dtype, contiguous=True)
+    _require_cursors(S, n, count, origin, epoch, slots)
     _require("x", x, (n, T, H, P), ring_x.dtype)
     _require("dt", dt, (n, T, H))
     _require("B", B, (n, T, G, N), ring_x.dtype)
@@ -270,7 +283,7 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
                  HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, CKPT_FMT=checkpoint_format,
                  READ_FMT=read_format, **_read_consts(read_format, N))
     args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_x, ring_dt, ring_B, count, origin, epoch, slots,
-            x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A,
+            S, x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A,
             dt_bias if dt_bias is not None else A, B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3],
             out, *out.stride()[:3], window, C_cap, sr_base]
     return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), H, z), n, args + [n] if fp else args, {**c, "BP": BP},
@@ -298,7 +311,7 @@ def mamba2_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
     | ring_dt     | [S, H, C] (dt + dt_bias) | fp32     | inout |
     | ring_B      | [S, G, C, N]       | ring dtype     | inout |
     | count, origin, epoch | [S + 1]   | int32          | in    |
-    | slots       | [n]                | int64 (-1 pad) | in    |
+    | slots       | [n] (-1: padding)  | int64          | in    |
     | x, z        | [n, T, H, P]       | ring dtype     | in    |
     | dt          | [n, T, H]          | float          | in    |
     | A, D, dt_bias | [H]              | fp32           | in    |
@@ -339,6 +352,7 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     _require("ring_g", ring_g, (S, HV, C_cap, K) if per_channel else (S, HV, C_cap), torch.float32, contiguous=True)
     _require("ring_beta", ring_beta, (S, HV, C_cap), torch.float32, contiguous=True)
     _require("ring_d", ring_d, (S, HV, C_cap, V), torch.float32, contiguous=True)
+    _require_cursors(S, n, count, origin, epoch, slots)
     _require("q", q, (n, T, HK, K))
     _require("k", k, (n, T, HK, K), ring_k.dtype)
     _require("v", v, (n, T, HV, V), ring_k.dtype)
@@ -355,7 +369,7 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
                  HAS_QS=q_scale is not None, CKPT_FMT=checkpoint_format, READ_FMT=read_format,
                  **_read_consts(read_format, K))
     args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,
-            epoch, slots, q, *q.stride()[:3], qs, *qs_strides, k, *k.stride()[:3], v, *v.stride()[:3], g,
+            epoch, slots, S, q, *q.stride()[:3], qs, *qs_strides, k, *k.stride()[:3], v, *v.stride()[:3], g,
             *g.stride()[:3], beta, *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
     return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV, z), n, args + [n] if fp else args, {**c, "BV": BV},
                    nw, fp)
@@ -386,7 +400,7 @@ def delta_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     | ring_beta   | [S, HV, C]                  | fp32           | inout |
     | ring_d      | [S, HV, C, V] (output cache)| fp32           | inout |
     | count, origin, epoch | [S + 1]            | int32          | in    |
-    | slots       | [n]                         | int64 (-1 pad) | in    |
+    | slots       | [n] (-1: padding)           | int64          | in    |
     | q, k        | [n, T, HK, K]               | float / ring   | in    |
     | q_scale     | [n, T, HK] (optional)       | fp32           | in    |
     | v           | [n, T, HV, V]               | ring dtype     | in    |

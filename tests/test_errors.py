@@ -114,3 +114,44 @@ def test_commit_rules():
     pool.commit(slots, torch.tensor([2, 1]))
     assert pool.cursors["count"][0, slots].tolist() == [2, 1]
     assert pool.cursors["pending"][0, slots].tolist() == [0, 0]
+
+
+def _snapshot(pool) -> dict:
+    """Every buffer of a pool and its host records, copied."""
+    out = {"checkpoint": pool.checkpoint.clone(), "pending": pool.pending.clone(), "allocated": pool.allocated.clone()}
+    out.update({f"read.{k}": v.clone() for k, v in pool.read.items()})
+    out.update({f"ring.{k}": v.clone() for k, v in pool.ring.items()})
+    out.update({f"cursors.{k}": v.clone() for k, v in pool.cursors.items()})
+    out.update({f"layer_A.{i}": (None if a is None else a.clone()) for i, a in enumerate(pool.layer_A)})
+    return out
+
+
+def _assert_unchanged(pool, before: dict) -> None:
+    after = _snapshot(pool)
+    for name, value in before.items():
+        if value is None:
+            assert after[name] is None, name
+        else:
+            assert torch.equal(value.view(torch.uint8) if value.dtype.is_floating_point else value,
+                               after[name].view(torch.uint8) if value.dtype.is_floating_point else after[name]), name
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_mamba2_A_is_a_layer_constant(backend):
+    """The ring folds with the layer's A (``pool.layer_A``): a checked step with other values is
+    refused and changes nothing; the same values in another tensor are the layer's A."""
+    cfg = rs.ReplayConfig(window=4, max_draft_tokens=2, read_format="fp8")
+    pool = rs.StatePool(SPECS["mamba2"], cfg, num_layers=2, num_slots=4, backend=backend)
+    slots = pool.alloc(2)
+    inp = _inputs("mamba2")
+    rs.decode(pool, 0, slots, **inp)
+    rs.decode(pool, 0, slots, **dict(inp, A=inp["A"].clone()))
+    before = _snapshot(pool)
+    other = dict(inp, A=inp["A"] * 1.25)
+    with pytest.raises(ValueError, match="A: a layer constant; layer 0 was stepped with another A"):
+        rs.decode(pool, 0, slots, **other)
+    with pytest.raises(ValueError, match="A: a layer constant; layer 0 was stepped with another A"):
+        rs.verify(pool, 0, slots, **_inputs("mamba2", T=2, A=other["A"]))
+    _assert_unchanged(pool, before)
+    rs.decode(pool, 1, slots, **other)                 # another layer has its own A
+    assert torch.equal(pool.layer_A[0], inp["A"]) and torch.equal(pool.layer_A[1], other["A"])

@@ -21,7 +21,7 @@ from replayssm.integrations.trtllm import aot, ptx_launch
 index = json.load(open(os.path.join(sys.argv[1], "manifest.json")))
 ref = {}
 for s in index["steps"]:
-    spec, cfg = aot.model_config(s["model"], s["tokens"], s["read_format"], s["checkpoint_dtype"], s["window"],
+    spec, cfg = aot.model_config(s["dims"], s["tokens"], s["read_format"], s["checkpoint_dtype"], s["window"],
                                  s["max_draft_tokens"])
     ref[s["dir"]] = ptx_launch.build_step(spec, cfg, op=s["op"], tokens=s["tokens"], has_z=s["has_z"], arch=sys.argv[2])
 print(json.dumps(ref))
@@ -59,6 +59,8 @@ def test_cli_writes_the_plugin_layers(tmp_path):
             assert g["ptx"] == w["ptx"], g["plugin_id"]
             assert {k: v for k, v in g.items() if k != "file"} == w, g["plugin_id"]
 
+        assert s["dims"] == dict(family=s["family"], **{k: v for k, v in aot.MODELS[s["model"]].items()
+                                                        if k != "family"})
         spec, cfg = aot.model_config(s["model"], s["tokens"], s["read_format"], s["checkpoint_dtype"], s["window"],
                                      s["max_draft_tokens"])
         descs = pd.describe_step(spec, cfg, op=s["op"], tokens=s["tokens"], has_z=s["has_z"])
@@ -86,13 +88,97 @@ def test_cli_sm100(tmp_path):
         assert ".target sm_100" in entry["ptx"] and f".entry {entry['name']}(" in entry["ptx"]
 
 
+QWEN35 = dict(model_type="qwen3_5", architectures=["Qwen3_5ForConditionalGeneration"],
+              text_config=dict(model_type="qwen3_5_text", linear_num_key_heads=16, linear_num_value_heads=32,
+                               linear_key_head_dim=128, linear_value_head_dim=128, hidden_size=4096))
+
+
+def test_cli_models_from_a_config_file_and_from_dims(tmp_path):
+    """A model's dims from a Hugging Face config.json (a multimodal Qwen3.5: its text config) and from
+    --dims compile to the built-in qwen3.5's PTX, text for text; the index records the dims."""
+    model = tmp_path / "Qwen3.5-like"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN35))
+    out = tmp_path / "out"
+    index = _aot(out, "--models", "qwen3.5", "--config", str(model),
+                 "--dims", "mine=gdn:num_k_heads=16,num_v_heads=32,head_k_dim=128,head_v_dim=128",
+                 "--tokens", "1", "--read-formats", "checkpoint")
+    assert [s["model"] for s in index["steps"]] == ["qwen3.5", "Qwen3.5-like", "mine"]
+    assert all(s["dims"] == dict(aot.MODELS["qwen3.5"]) for s in index["steps"])
+    built_in, *others = [ptx_launch.load_step(out / s["dir"]) for s in index["steps"]]
+    for other in others:
+        assert [e["ptx"] for e in other["layers"]] == [e["ptx"] for e in built_in["layers"]]
+
+
+@pytest.mark.parametrize("config,dims", [
+    (dict(model_type="nemotron_h", mamba_num_heads=128, mamba_head_dim=64, ssm_state_size=128, n_groups=8),
+     aot.MODELS["nemotron-h"]),
+    (dict(model_type="mamba2", num_heads=8, head_dim=32, state_size=64, n_groups=2),
+     dict(family="mamba2", num_heads=8, head_dim=32, state_dim=64, num_groups=2)),
+    (dict(model_type="qwen3_next", linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+          linear_value_head_dim=128), aot.MODELS["qwen3.5"]),
+    (QWEN35, aot.MODELS["qwen3.5"]),
+    (dict(model_type="kimi_linear", linear_attn_config=dict(num_heads=32, head_dim=128, kda_layers=[1, 2])),
+     aot.MODELS["kimi-linear"]),
+])
+def test_dims_from_config(config, dims):
+    assert aot.dims_from_config(config) == dims
+
+
+def test_dims_from_config_refusals():
+    with pytest.raises(ValueError, match="model_type: expected a model with replayed layers.*got 'llama'"):
+        aot.dims_from_config(dict(model_type="llama"))
+    with pytest.raises(ValueError, match="linear_attn_config.head_dim: expected an int in a kimi_linear config"):
+        aot.dims_from_config(dict(model_type="kimi_linear", linear_attn_config=dict(num_heads=32)))
+    with pytest.raises(ValueError, match="gdn: missing head_v_dim"):
+        aot.parse_dims("gdn:num_k_heads=1,num_v_heads=2,head_k_dim=16")
+    with pytest.raises(ValueError, match="expected FAMILY:key=value"):
+        aot.parse_dims("rwkv:heads=4")
+
+
+def test_help_shows_every_default():
+    r = subprocess.run([sys.executable, "-m", "replayssm.integrations.trtllm.aot", "--help"], env=_env(),
+                       capture_output=True, text=True)
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    for default in ("(default: sm_90)", "(default: 1,4)", "(default: all)", "(default: float32)", "(default: 16)",
+                    "(default: all of them when neither --config nor --dims is given)", "--config [NAME=]PATH",
+                    "head_k_dim=128"):
+        assert default in text, default
+
+
 @pytest.mark.parametrize("args,match", [
-    (["--models", "llama"], "--models: unknown model 'llama'"),
-    (["--arch", "hopper"], "--arch: expected sm_<major><minor>"),
-    (["--tokens", "1,x"], "--tokens: expected comma-separated ints >= 1"),
-    (["--tokens", "0"], "--tokens: expected comma-separated ints >= 1"),
+    (["--models", "llama"], "argument --models: expected comma-separated built-in models, got 'llama'"),
+    (["--arch", "hopper"], "argument --arch: expected sm_<major><minor>"),
+    (["--tokens", "1,x"], "argument --tokens: expected comma-separated ints >= 1"),
+    (["--tokens", "0"], "argument --tokens: expected comma-separated ints >= 1"),
+    (["--read-formats", "fp4"], "argument --read-formats: expected comma-separated read formats, got 'fp4'"),
+    (["--read-formats", "fp8,fp8"], "argument --read-formats: expected comma-separated read formats without repeats"),
+    (["--checkpoint-dtype", "fp8"], "argument --checkpoint-dtype: invalid choice: 'fp8'"),
+    (["--window", "0"], "argument --window: expected a positive int, got '0'"),
+    (["--dims", "gdn:num_k_heads=16"], "argument --dims: expected NAME=FAMILY:key=value"),
+    (["--dims", "x=gdn:num_k_heads=16,num_v_heads=32,head_k_dim=128"], "argument --dims: gdn: missing head_v_dim"),
+    (["--dims", "x=gdn:num_k_heads=16,num_v_heads=32,head_k_dim=24,head_v_dim=128", "--read-formats", "nvfp4"],
+     "--dims: model 'x' cannot be compiled with --read-formats nvfp4 --window 16: head_k_dim: read_format='nvfp4' "
+     "needs a multiple of 16, got 24"),
+    (["--dims", "x=mamba2:num_heads=8,head_dim=32,state_dim=48,num_groups=2", "--read-formats", "checkpoint"],
+     "state_dim: the triton backend needs a power of two >= 16, got 48"),
+    (["--dims", "x=kda:num_k_heads=3,num_v_heads=4,head_k_dim=16,head_v_dim=16"],
+     "num_v_heads: expected a multiple of num_k_heads=3"),
+    (["--dims", "qwen3.5=gdn:num_k_heads=1,num_v_heads=1,head_k_dim=16,head_v_dim=16", "--models", "qwen3.5"],
+     "--dims: model name 'qwen3.5' given twice (--models and --dims)"),
+    (["--config", "/nonexistent/config.json"], "argument --config: cannot read a JSON config from"),
 ])
 def test_bad_arguments_are_refused(tmp_path, args, match):
-    r = subprocess.run([sys.executable, "-m", "replayssm.integrations.trtllm.aot", "--out", str(tmp_path), *args],
-                       env=_env(), capture_output=True, text=True)
-    assert r.returncode != 0 and match in r.stderr
+    r = subprocess.run([sys.executable, "-m", "replayssm.integrations.trtllm.aot", "--out", str(tmp_path / "out"),
+                        *args], env=_env(), capture_output=True, text=True)
+    assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()                    # refused before anything was written
+
+
+def test_config_of_another_model_type_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="llama", hidden_size=64)))
+    r = subprocess.run([sys.executable, "-m", "replayssm.integrations.trtllm.aot", "--out", str(tmp_path / "out"),
+                        "--config", str(tmp_path)], env=_env(), capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "argument --config: " in r.stderr and "model_type: expected a model with replayed layers" in r.stderr

@@ -134,16 +134,19 @@ def test_launch_equals_ops(family, op, rf):
         assert k.block == (lc.num_warps * 32, 1, 1) and k.constexprs == lc.constexprs
         params = [a for a in lc.kernel.arg_names if a not in lc.constexprs]
         scalars = {p: v for p, v in zip(params, lc.args) if not isinstance(v, torch.Tensor)}
-        # Triton's JIT compiles an int equal to 1 in (not a flush pass's rows ``n``: do_not_specialize);
-        # every other scalar is an int32 extra arg, ``n`` the batch TensorRT passes
-        assert k.baked == {p: v for p, v in scalars.items() if type(v) is int and v == 1 and p != "n"}
+        # Triton's JIT compiles an int equal to 1 in (not a flush pass's rows ``n`` nor the pool's slots
+        # ``num_slots``: do_not_specialize); every other scalar is an int32 extra arg, ``n`` the batch and
+        # ``num_slots`` the pool's slots TensorRT passes
+        sizes = {"n": "n", "num_slots": "S"}
+        assert k.baked == {p: v for p, v in scalars.items() if type(v) is int and v == 1 and p not in sizes}
         assert [p for p, _ in k.extra_args] == [p for p in scalars if p not in k.baked]
         extra = dict(k.extra_args)
         assert lc.flush_pass == ("n" in scalars) and scalars.get("n", n) == n and extra.get("n", "n") == "n"
+        assert scalars["num_slots"] == S and extra["num_slots"] == "S"
         assert extra["sr_base"] % 2 ** 32 == ops.sr_base(cfg.seed, layer)
         if spec.is_delta:
             assert struct.pack("<i", extra["scale"]) == struct.pack("<f", spec.head_k_dim ** -0.5)
-        assert all(extra[p] == v for p, v in scalars.items() if p not in k.baked | {"sr_base": 0, "scale": 0, "n": 0})
+        assert all(extra[p] == v for p, v in scalars.items() if p not in k.baked | {"sr_base": 0, "scale": 0} | sizes)
         # the kernel's tensors, in its order, are the plugin's inputs then its new outputs
         fed = [t[x.buffer] for x in desc.inputs] + [t[o.buffer] for o in desc.outputs if o.alias_of is None]
         tensors = [v for v in lc.args if isinstance(v, torch.Tensor)]

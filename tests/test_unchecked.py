@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import replayssm as rs
-from helpers import SPECS, Params, assert_same_resets, make_inputs
+from helpers import PER_LAYER, SPECS, Params, assert_same_resets, make_inputs
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -46,8 +46,8 @@ class HostReads(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _pools(family, **cfg):
-    spec = SPECS[family]
+def _pools(family, spec=None, **cfg):
+    spec = SPECS[family] if spec is None else spec
     config = rs.ReplayConfig(window=4, max_draft_tokens=2, **cfg)
     pools = [rs.StatePool(spec, config, num_layers=2, num_slots=5, device=DEVICE, backend="triton") for _ in range(2)]
     return spec, pools, [p.alloc(3) for p in pools]
@@ -155,6 +155,118 @@ def test_unchecked_refresh_equals_checked_refresh_and_reads_no_device_value(fmt)
     assert mode.found == [], mode.found
     assert free.cursors["count"][:, sf[1:]].eq(0).all() and free.cursors["count"][:, sf[0]].gt(0).all()
     assert_same_resets(checked, free)
+
+
+# slot indices outside a pool of 5 slots: below -1, at and past the end, past int32
+OUTSIDE = (-2, 5, 6, 2 ** 40)
+
+
+def _buffers(pool) -> dict:
+    """Every buffer of a pool, the padding column of the cursors included, as bytes."""
+    out = {"checkpoint": pool.checkpoint}
+    out.update({f"read.{k}": v for k, v in pool.read.items()})
+    out.update({f"ring.{k}": v for k, v in pool.ring.items()})
+    out.update({f"cursors.{k}": v for k, v in pool.cursors.items()})
+    return {k: v.contiguous().view(torch.uint8).clone() for k, v in out.items()}
+
+
+def _assert_same_buffers(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+FORMATS = [("mamba2", {}), ("gdn", {}), ("kda", dict(read_format="fp8")), ("mamba2", dict(read_format="nvfp4")),
+           ("gdn", dict(read_format="nvfp4"))]
+# the models' dims (benchmarks' Nemotron-H, Qwen3.5, Kimi-Linear): the kernels' real tiles
+REAL = {"mamba2": rs.LayerSpec.mamba2(num_heads=128, head_dim=64, state_dim=128, num_groups=8),
+        "gdn": rs.LayerSpec.gdn(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128),
+        "kda": rs.LayerSpec.kda(num_k_heads=32, num_v_heads=32, head_k_dim=128, head_v_dim=128)}
+
+
+@pytest.mark.parametrize("family, fmt", FORMATS)
+def test_unchecked_slots_outside_the_pool_are_padded_rows(family, fmt):
+    """``checked=False`` with slot indices outside ``[0, num_slots)``: the step, advance, commit and
+    flush kernels and the unchecked refresh take them as padded rows, as they take -1: zero output
+    rows, nothing of the pool read or written. Every buffer (cursors' padding column included) ends
+    bit for bit as a checked run's with -1 in those rows, through flushing decodes, verify + commit,
+    a flush and a refresh, reading no device value."""
+    _outside_the_pool(family, None, fmt)
+
+
+@pytest.mark.skipif(not CUDA, reason="the models' dims take minutes per step in Triton's interpreter")
+@pytest.mark.parametrize("family, fmt", FORMATS + [("kda", {})])
+def test_unchecked_slots_outside_the_pool_at_real_dims(family, fmt):
+    """As above at the models' dims, with the kernels' real tiles (on a GPU)."""
+    _outside_the_pool(family, REAL[family], fmt)
+
+
+def _outside_the_pool(family, spec, fmt):
+    spec, (checked, free), (sc, sf) = _pools(family, spec, **fmt)
+    gen = torch.Generator().manual_seed(21)
+    params = Params(spec, 2, gen)
+
+    def rows(slots, pads):                   # two padded rows between the pool's three
+        return torch.cat((slots[:2], torch.tensor(pads, dtype=torch.int64, device=DEVICE), slots[2:]))
+
+    for step in range(6):
+        bad = [OUTSIDE[step % 4], OUTSIDE[(step + 1) % 4]]
+        T = 2 + step % 2 if step in (2, 5) else None
+        fn = rs.decode if T is None else rs.verify
+        for layer in range(2):
+            inp = make_inputs(spec, params, layer, 5, T, gen, device=DEVICE)
+            y_c = fn(checked, layer, rows(sc, [-1, -1]), **inp)
+            with HostReads() as mode:
+                y_f = fn(free, layer, rows(sf, bad), checked=False, **inp)
+            assert mode.found == [], mode.found
+            assert torch.equal(y_c, y_f) and y_f[2:4].eq(0).all()
+        if T is not None:
+            acc = torch.tensor([T, 1, 0, 0, max(1, T - 1)], device=DEVICE)
+            checked.commit(rows(sc, [-1, -1]), acc.cpu())
+            with HostReads() as mode:
+                free.commit(rows(sf, bad), acc, checked=False)
+            assert mode.found == [], mode.found
+        _assert_same_buffers(_buffers(checked), _buffers(free))
+    assert free.cursors["count"][:, sf].gt(0).any()            # the flush below has something to fold
+    checked.flush(rows(sc, [-1, -1]))
+    with HostReads() as mode:
+        free.flush(rows(sf, OUTSIDE[:2]), checked=False)
+    assert mode.found == [], mode.found
+    _assert_same_buffers(_buffers(checked), _buffers(free))
+    state = torch.randn(2, 3, *checked.checkpoint.shape[2:], generator=gen).to(DEVICE)
+    for pool, slots in ((checked, sc), (free, sf)):            # the host writes the checkpoints
+        pool.checkpoint[:, slots] = state.to(pool.checkpoint.dtype)
+    checked.refresh(torch.cat((torch.tensor([-1, -1], device=DEVICE), sc)))
+    checked.refresh(torch.full((4,), -1, dtype=torch.int64, device=DEVICE), layer=1)
+    with HostReads() as mode:
+        free.refresh(torch.cat((torch.tensor(OUTSIDE[2:], device=DEVICE), sf)), checked=False)
+        free.refresh(torch.tensor(OUTSIDE, device=DEVICE), layer=1, checked=False)     # no row in the pool
+    assert mode.found == [], mode.found
+    _assert_same_buffers(_buffers(checked), _buffers(free))
+
+
+def test_unchecked_duplicate_slots_stay_in_their_slot():
+    """Duplicate slots under ``checked=False`` are the caller's error (not checked): the duplicated
+    slot's state is undefined, but no other slot, and nothing outside the pool, is touched: the
+    other slots end bit for bit as in a run without the duplicate rows."""
+    spec, (alone, dup), (sa, sd) = _pools("gdn", read_format="nvfp4")
+    gen = torch.Generator().manual_seed(5)
+    params = Params(spec, 2, gen)
+    for step in range(5):
+        for layer in range(2):
+            inp = make_inputs(spec, params, layer, 3, None, gen, device=DEVICE)
+            twice = {k: (torch.cat((v, v[:1])) if isinstance(v, torch.Tensor) and k not in PER_LAYER else v)
+                     for k, v in inp.items()}
+            y_a = rs.decode(alone, layer, sa, checked=False, **inp)
+            y_d = rs.decode(dup, layer, torch.cat((sd, sd[:1])), checked=False, **twice)
+            assert torch.equal(y_a[1:], y_d[1:3])
+    others = _buffers(alone), _buffers(dup)
+    for name in others[0]:
+        a, d = (b.view(alone.num_layers, -1) for b in (others[0][name], others[1][name]))
+        width = a.shape[1] // (alone.num_slots + (1 if name.startswith("cursors") else 0))
+        keep = [s for s in range(a.shape[1] // width) if s != int(sa[0])]
+        for s in keep:
+            assert torch.equal(a[:, s * width:(s + 1) * width], d[:, s * width:(s + 1) * width]), (name, s)
 
 
 def test_host_reads_detector_sees_a_checked_step():

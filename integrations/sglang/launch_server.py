@@ -1,6 +1,7 @@
 """``python -m replayssm.integrations.sglang.launch_server --replay-ssm [options] <sglang server args>``
 
-Own options (everything else goes to SGLang unchanged):
+Own options (every other argument goes to SGLang's launcher, ``python -m sglang.launch_server``,
+unchanged; ``--sglang-help`` prints SGLang's own options):
 
 | option | meaning |
 |---|---|
@@ -8,11 +9,16 @@ Own options (everything else goes to SGLang unchanged):
 | ``--replay-window L`` | ring window (default 16) |
 | ``--replay-checkpoint-dtype`` | float32 (default), float16_sr, bfloat16 |
 | ``--replay-read-format`` | checkpoint (default), fp8, nvfp4 |
-| ``--dry-run`` | print the resolved SGLang arguments and replay configuration as JSON, start nothing |
+| ``--dry-run`` | check everything (below) and print the resolved SGLang arguments, replay configuration and per-layer replay plan as JSON; start nothing |
+| ``--sglang-help`` | SGLang's launcher's options |
 
+A ``--replay-*`` option without ``--replay-ssm`` is refused (replay stays off unless asked for).
 The options travel to every SGLang process in the ``REPLAYSSM_SGLANG`` environment variable
 (SGLang spawns its workers); the SGLang flags replay needs are added, and SGLang's own parser
-validates the result.
+validates the result; the SGLang version is checked first (``plugin.check_version``). A dry run
+also reads the model's config as the server will and, with replay on, applies the checks the
+plugin applies in the server (``launch_plan``: layers of a family replay routes, dims the read
+format and the kernels serve, the state dtype SGLang allocates) and prints the per-layer plan.
 """
 
 from __future__ import annotations
@@ -46,17 +52,54 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return None
 
 
+# the replay options, their defaults and help (None in the parser: "not given")
+_OPTIONS = {
+    "--replay-window": (16, dict(type=int, metavar="L", help="ring window L in tokens: a decode step flushes "
+                                                             "the ring into the checkpoint every L tokens (default: 16)")),
+    "--replay-checkpoint-dtype": ("float32", dict(choices=tuple(CHECKPOINT_DTYPES),
+                                                  help="dtype of the checkpoint, SGLang's ssm state "
+                                                       "(default: float32)")),
+    "--replay-read-format": ("checkpoint", dict(choices=READ_FORMATS,
+                                                help="what non-flush steps read: the checkpoint itself, or an "
+                                                     "fp8 / nvfp4 read copy of it (default: checkpoint)")),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    """The launcher's own options; every other argument is SGLang's."""
+    ap = argparse.ArgumentParser(
+        prog="python -m replayssm.integrations.sglang.launch_server",
+        usage="%(prog)s [--replay-ssm [--replay-* ...]] [--dry-run] <SGLang server arguments>",
+        description="SGLang's server with replayssm's replay decoding of Mamba-2, GDN and KDA layers. Every "
+                    "argument not listed here goes to SGLang's launcher (python -m sglang.launch_server) unchanged; "
+                    "--sglang-help lists SGLang's own.")
+    ap.add_argument("--replay-ssm", action="store_true", help="turn replay on (default: off; the other --replay-* "
+                                                               "options need it)")
+    for flag, (_, kwargs) in _OPTIONS.items():
+        ap.add_argument(flag, default=None, **kwargs)
+    ap.add_argument("--dry-run", action="store_true",
+                    help="resolve the SGLang arguments, read the model's config and apply the checks the server "
+                         "applies, print them with the replay configuration and per-layer plan as JSON, and start "
+                         "nothing (default: off)")
+    ap.add_argument("--sglang-help", action="store_true", help="print the options of SGLang's launcher and exit")
+    return ap
+
+
 def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
     """Split and check the command line: ``(replay config as a dict or None, SGLang args, dry_run)``."""
-    ap = argparse.ArgumentParser(prog="replayssm.integrations.sglang.launch_server", add_help=True)
-    ap.add_argument("--replay-ssm", action="store_true")
-    ap.add_argument("--replay-window", type=int, default=16)
-    ap.add_argument("--replay-checkpoint-dtype", default="float32", choices=tuple(CHECKPOINT_DTYPES))
-    ap.add_argument("--replay-read-format", default="checkpoint", choices=READ_FORMATS)
-    ap.add_argument("--dry-run", action="store_true")
-    own, rest = ap.parse_known_args(argv)
+    own, rest = parser().parse_known_args(argv)
+    if own.sglang_help:
+        from sglang.srt.server_args import prepare_server_args
+        prepare_server_args(["--help"])                      # SGLang's parser prints its help and exits
     if not own.replay_ssm:
+        for flag in _OPTIONS:
+            if getattr(own, flag[2:].replace("-", "_")) is not None:
+                raise SystemExit(f"{flag}: a replay option needs --replay-ssm (without it replay is off and "
+                                 "SGLang runs unchanged)")
         return None, rest, own.dry_run
+    for flag, (default, _) in _OPTIONS.items():
+        if getattr(own, flag[2:].replace("-", "_")) is None:
+            setattr(own, flag[2:].replace("-", "_"), default)
     for flag in _OWN_REPLAY_FLAGS:
         if any(a == flag or a.startswith(flag + "=") for a in rest):
             raise SystemExit(f"{flag}: replayssm replaces SGLang's own replay; drop it and use --replay-ssm")
@@ -111,8 +154,10 @@ def check_server_args(server_args) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     replay, sglang_args, dry_run = resolve(argv)
+    import sglang
     from sglang.srt.server_args import prepare_server_args
 
+    from . import launch_plan
     from .plugin import check_version
 
     check_version()
@@ -124,8 +169,11 @@ def main(argv: list[str] | None = None) -> None:
     if replay is not None:
         check_server_args(server_args)
     if dry_run:
-        print(json.dumps(dict(sglang_args=sglang_args, replay=replay, env=env,
-                              model_path=server_args.model_path), indent=1))
+        # the model's config as the server will read it, and the plugin's checks on its layers
+        model_cfg = launch_plan.model_config(server_args)
+        plan = None if replay is None else launch_plan.replay_plan(server_args, options.from_env(), model_cfg)
+        print(json.dumps(dict(sglang_args=sglang_args, replay=replay, env=env, model_path=server_args.model_path,
+                              sglang=sglang.__version__, plan=plan), indent=1))
         return
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins

@@ -1,21 +1,26 @@
 """Ahead-of-time PTX of the replayssm TensorRT plugin layers, with the manifests they launch from.
 
     python -m replayssm.integrations.trtllm.aot --arch sm_90 --out DIR [--models qwen3.5,...]
-        [--tokens 1,4] [--read-formats checkpoint,nvfp4] [--checkpoint-dtype float32] [--window 16]
-        [--gate]
+        [--config [NAME=]PATH] [--dims NAME=FAMILY:key=value,...] [--tokens 1,4]
+        [--read-formats checkpoint,nvfp4] [--checkpoint-dtype float32] [--window 16] [--gate]
 
-For every model x T x read format it writes one step directory ``DIR/<model>.<op>.T<T>.<read
-format>/`` (``op`` decode for T = 1, verify for T > 1) with ``ptx_launch.save_step``: the PTX of
-the step's three plugin layers (``plugin_desc.describe_step``, compiled by
-``plugin_desc.compile_kernel``: the kernels the torch ops' launches run, parameters in TensorRT's
-order) and their ``manifest.json`` (entry names, TensorRT's arguments in order (inputs, int32 extra
-args with their values, outputs) with shapes and dtypes, grid, block, shared memory, ring contract
-version; ``ptx_launch`` module docstring), which ``ptx_launch.load_step`` reads back. Steps are
-layer 0's (``sr_base`` of seed 0, layer 0) with the bf16 ring, the ``[S, HV, K, V]`` checkpoint and,
-for Mamba-2, the gate ``z`` an input only with ``--gate``. Compiling needs Triton only; no GPU.
+Models: the built-in ``MODELS`` by name (``--models``; all of them when no model is named), a
+Hugging Face ``config.json`` of a served family (``--config``: ``dims_from_config``), or explicit
+dims (``--dims``: ``parse_dims``); ``--config`` and ``--dims`` repeat. For every model x T x read
+format it writes one step directory ``DIR/<model>.<op>.T<T>.<read format>/`` (``op`` decode for
+T = 1, verify for T > 1) with ``ptx_launch.save_step``: the PTX of the step's three plugin layers
+(``plugin_desc.describe_step``, compiled by ``plugin_desc.compile_kernel``: the kernels the torch
+ops' launches run, parameters in TensorRT's order) and their ``manifest.json`` (entry names,
+TensorRT's arguments in order (inputs, int32 extra args with their values, outputs) with shapes
+and dtypes, grid, block, shared memory, ring contract version; ``ptx_launch`` module docstring),
+which ``ptx_launch.load_step`` reads back. Steps are layer 0's (``sr_base`` of seed 0, layer 0)
+with the bf16 ring, the ``[S, HV, K, V]`` checkpoint and, for Mamba-2, the gate ``z`` an input only
+with ``--gate``. Compiling needs Triton only; no GPU. Every argument is checked (dims against the
+read format and the kernels) before anything compiles; a bad one is an argparse error.
 
-``DIR/manifest.json`` indexes them: ``ring_contract_version``, ``arch``, ``triton`` and ``steps``,
-each with ``dir``, ``model``, ``family``, ``op``, ``tokens``, ``max_draft_tokens`` (the pool's draft
+``DIR/manifest.json`` indexes them: ``ring_contract_version``, ``arch``, ``triton`` (the version
+that compiled the PTX) and ``steps``, each with ``dir``, ``model``, ``dims`` (``family`` and the
+``LayerSpec`` dims), ``family``, ``op``, ``tokens``, ``max_draft_tokens`` (the pool's draft
 budget: every step sizes the ring for the largest ``tokens``), ``read_format``,
 ``checkpoint_dtype``, ``window`` and ``has_z``.
 """
@@ -35,6 +40,24 @@ MODELS = {
     "qwen3.5-122b": dict(family="gdn", num_k_heads=16, num_v_heads=64, head_k_dim=128, head_v_dim=128),
     "kimi-linear": dict(family="kda", num_k_heads=32, num_v_heads=32, head_k_dim=128, head_v_dim=128),
 }
+# Hugging Face model_type -> (family, LayerSpec dim -> config key; "a.b": key b of the dict under a)
+_GDN_KEYS = dict(num_k_heads="linear_num_key_heads", num_v_heads="linear_num_value_heads",
+                 head_k_dim="linear_key_head_dim", head_v_dim="linear_value_head_dim")
+CONFIG_FAMILIES = {
+    "nemotron_h": ("mamba2", dict(num_heads="mamba_num_heads", head_dim="mamba_head_dim", state_dim="ssm_state_size",
+                                  num_groups="n_groups")),
+    "mamba2": ("mamba2", dict(num_heads="num_heads", head_dim="head_dim", state_dim="state_size",
+                              num_groups="n_groups")),
+    "qwen3_next": ("gdn", _GDN_KEYS),
+    "qwen3_5_text": ("gdn", _GDN_KEYS),
+    "qwen3_5_moe_text": ("gdn", _GDN_KEYS),
+    "kimi_linear": ("kda", dict(num_k_heads="linear_attn_config.num_heads", num_v_heads="linear_attn_config.num_heads",
+                                head_k_dim="linear_attn_config.head_dim", head_v_dim="linear_attn_config.head_dim")),
+}
+_TEXT_CONFIGS = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}   # multimodal: the text model's
+FAMILY_DIMS = {"mamba2": ("num_heads", "head_dim", "state_dim", "num_groups"),
+               "gdn": ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"),
+               "kda": ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")}
 _PTR = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32",
         torch.int64: "i64", torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv"}
 
@@ -133,26 +156,88 @@ def step_plan(spec, cfg, tensors: dict, *, committed: bool, layer: int = 0, stat
                           t["out"], spec.head_k_dim ** -0.5, cfg.window, committed, **fmt, q_scale=t["q_scale"])
 
 
-def model_config(model: str, tokens: int, read_format: str, checkpoint_dtype: str, window: int,
+def dims_from_config(config: dict) -> dict:
+    """The ``MODELS``-style dims (``family`` and the ``LayerSpec`` dims) of a Hugging Face
+    ``config.json`` (as a dict) of a served family: ``CONFIG_FAMILIES`` by ``model_type`` (a
+    multimodal Qwen3.5 config: its ``text_config``). ValueError naming the key otherwise."""
+    if not isinstance(config, dict):
+        raise ValueError(f"config: expected a JSON object, got {type(config).__name__}")
+    model_type = config.get("model_type")
+    if model_type in _TEXT_CONFIGS and isinstance(config.get("text_config"), dict):
+        return dims_from_config({"model_type": _TEXT_CONFIGS[model_type], **config["text_config"]})
+    if model_type not in CONFIG_FAMILIES:
+        raise ValueError(f"model_type: expected a model with replayed layers, one of "
+                         f"{sorted(CONFIG_FAMILIES) + sorted(_TEXT_CONFIGS)}, got {model_type!r}")
+    family, keys = CONFIG_FAMILIES[model_type]
+    dims = dict(family=family)
+    for dim, key in keys.items():
+        value = config
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{key}: expected an int in a {model_type} config, got {value!r}")
+        dims[dim] = value
+    return dims
+
+
+def parse_dims(text: str) -> dict:
+    """``FAMILY:key=value,...`` (e.g. ``gdn:num_k_heads=16,num_v_heads=32,head_k_dim=128,head_v_dim=128``)
+    as ``MODELS``-style dims; every dim of the family (``FAMILY_DIMS``) once, a positive int."""
+    family, sep, rest = text.partition(":")
+    if not sep or family not in FAMILY_DIMS:
+        raise ValueError(f"expected FAMILY:key=value,... with FAMILY one of {sorted(FAMILY_DIMS)}, got {text!r}")
+    dims = dict(family=family)
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or key not in FAMILY_DIMS[family] or key in dims or not value.isdigit():
+            raise ValueError(f"expected {','.join(k + '=<int>' for k in FAMILY_DIMS[family])} for {family}, "
+                             f"got {item!r}")
+        dims[key] = int(value)
+    missing = [k for k in FAMILY_DIMS[family] if k not in dims]
+    if missing:
+        raise ValueError(f"{family}: missing {', '.join(missing)}")
+    return dims
+
+
+def model_config(model, tokens: int, read_format: str, checkpoint_dtype: str, window: int,
                  max_draft_tokens: int | None = None):
-    """``(spec, cfg)`` of ``model`` (``MODELS``) for steps of up to ``tokens`` tokens: bf16 ring.
+    """``(spec, cfg)`` of ``model`` (a ``MODELS`` name, or dims as ``MODELS`` holds them) for steps
+    of up to ``tokens`` tokens: bf16 ring.
 
     ``max_draft_tokens``: the pool's draft budget, which sizes its ring and so the kernels' window
     block; every step of one pool (decode and each verify size) must use the pool's. None: just
     enough for this step (``tokens - 1``)."""
     import replayssm as rs
 
-    if model not in MODELS:
-        raise ValueError(f"model: expected one of {sorted(MODELS)}, got {model!r}")
+    if isinstance(model, dict):
+        dims = dict(model)
+    elif model in MODELS:
+        dims = dict(MODELS[model])
+    else:
+        raise ValueError(f"model: expected one of {sorted(MODELS)} or a dict of dims, got {model!r}")
     drafts = max(tokens - 1, 0) if max_draft_tokens is None else max_draft_tokens
     if not isinstance(drafts, int) or drafts < 0 or tokens > drafts + 1:
         raise ValueError(f"max_draft_tokens: expected an int >= tokens - 1 = {tokens - 1}, got {max_draft_tokens!r}")
-    dims = dict(MODELS[model])
-    family = dims.pop("family")
+    family = dims.pop("family", None)
+    if family not in FAMILY_DIMS:
+        raise ValueError(f"family: expected one of {sorted(FAMILY_DIMS)}, got {family!r}")
     spec = getattr(rs.LayerSpec, family)(**dims)
     cfg = rs.ReplayConfig(window=window, max_draft_tokens=drafts, checkpoint_dtype=checkpoint_dtype,
                           read_format=read_format, ring_dtype="bfloat16")
     return spec, cfg
+
+
+def check_model(model, tokens, read_formats, checkpoint_dtype: str, window: int) -> None:
+    """ValueError (naming the dim) unless every step of ``model`` (as :func:`model_config` takes it)
+    compiles: dims a ``LayerSpec`` takes, that each read format can serve and the kernels take."""
+    from replayssm.kernels import backend
+
+    drafts = max(tokens) - 1
+    for T in tokens:
+        for rf in read_formats:
+            spec, cfg = model_config(model, T, rf, checkpoint_dtype, window, max_draft_tokens=drafts)
+            cfg.check(spec)
+            backend.check(spec, cfg)
 
 
 def plan_for(model: str, tokens: int, read_format: str, checkpoint_dtype: str, window: int, n: int = 8,
@@ -235,7 +320,8 @@ def compile_all(out: str, arch: str, models, tokens, read_formats, checkpoint_dt
     """Write every requested step's plugin layers to ``out`` (module docstring); returns the index
     (also written as ``out/manifest.json``).
 
-    ``has_z``: Mamba-2 steps take the gate ``z`` as an input (ignored for GDN / KDA models)."""
+    ``models``: ``MODELS`` names, or a dict name -> dims (as ``MODELS`` holds them); ``has_z``:
+    Mamba-2 steps take the gate ``z`` as an input (ignored for GDN / KDA models)."""
     import triton
 
     from replayssm.ring import RING_VERSION
@@ -244,18 +330,21 @@ def compile_all(out: str, arch: str, models, tokens, read_formats, checkpoint_dt
 
     if not tokens or any(not isinstance(T, int) or T < 1 for T in tokens):
         raise ValueError(f"tokens: expected ints >= 1, got {list(tokens)!r}")
+    if not isinstance(models, dict):
+        models = {m: m for m in models}
     drafts = max(tokens) - 1
     steps = []
-    for model in models:
+    for name, model in models.items():
         for T in tokens:
             op = "decode" if T == 1 else "verify"
             for rf in read_formats:
                 spec, cfg = model_config(model, T, rf, checkpoint_dtype, window, max_draft_tokens=drafts)
                 z = has_z and spec.family == "mamba2"
-                step = f"{model}.{op}.T{T}.{rf}"
+                step = f"{name}.{op}.T{T}.{rf}"
                 ptx_launch.save_step(ptx_launch.build_step(spec, cfg, op=op, tokens=T, has_z=z, arch=arch),
                                      os.path.join(out, step))
-                steps.append(dict(dir=step, model=model, family=spec.family, op=op, tokens=T,
+                dims = dict(family=spec.family, **{k: getattr(spec, k) for k in FAMILY_DIMS[spec.family]})
+                steps.append(dict(dir=step, model=name, dims=dims, family=spec.family, op=op, tokens=T,
                                   max_draft_tokens=drafts, read_format=rf, checkpoint_dtype=checkpoint_dtype,
                                   window=window, has_z=z))
     index = dict(ring_contract_version=RING_VERSION, arch=arch, triton=triton.__version__, steps=steps)
@@ -265,28 +354,142 @@ def compile_all(out: str, arch: str, models, tokens, read_formats, checkpoint_dt
     return index
 
 
+def _list(parse, what: str):
+    """An argparse ``type``: comma-separated values, each through ``parse`` (ValueError: refused)."""
+    def convert(text: str) -> list:
+        try:
+            items = [parse(t) for t in text.split(",")]
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r} ({e})") from None
+        if len(set(items)) != len(items):
+            raise argparse.ArgumentTypeError(f"expected {what} without repeats, got {text!r}")
+        return items
+    return convert
+
+
+def _one_of(choices):
+    def parse(t: str) -> str:
+        if t not in choices:
+            raise ValueError(f"unknown {t!r}; expected some of {', '.join(choices)}")
+        return t
+    return parse
+
+
+def _token_count(t: str) -> int:
+    if not t.strip().isdigit() or int(t) < 1:
+        raise ValueError(f"{t!r} is not an int >= 1")
+    return int(t)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return int(text)
+
+
+def _arch(text: str) -> str:
+    if not re.fullmatch(r"sm_\d+a?", text):
+        raise argparse.ArgumentTypeError(f"expected sm_<major><minor> such as sm_90 or sm_100, got {text!r}")
+    return text
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _named(text: str) -> tuple[str | None, str]:
+    """``NAME=VALUE`` or ``VALUE`` (no ``=`` before a ``:`` or ``/``) of a repeated flag; the name must
+    be usable as a directory name."""
+    name, eq, value = text.partition("=")
+    if not eq or ":" in name or "/" in name:
+        return None, text
+    if not _NAME.fullmatch(name):
+        raise argparse.ArgumentTypeError(f"NAME must be letters, digits, '.', '_' or '-', got {name!r}")
+    return name, value
+
+
+def _config(text: str) -> tuple[str, dict]:
+    """``--config [NAME=]PATH``: a config.json (or a directory holding one); NAME defaults to its directory's name."""
+    name, path = _named(text)
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        with open(file) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"cannot read a JSON config from {file!r}: {e}") from None
+    try:
+        dims = dims_from_config(config)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{file}: {e}") from None
+    name = name or os.path.basename(os.path.dirname(os.path.abspath(file)))
+    if not _NAME.fullmatch(name):
+        raise argparse.ArgumentTypeError(f"{file}: its directory name {name!r} is no step name; use NAME=PATH")
+    return name, dims
+
+
+def _dims(text: str) -> tuple[str, dict]:
+    """``--dims NAME=FAMILY:key=value,...``."""
+    name, value = _named(text)
+    if name is None:
+        raise argparse.ArgumentTypeError(f"expected NAME=FAMILY:key=value,..., got {text!r}")
+    try:
+        return name, parse_dims(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def parser() -> argparse.ArgumentParser:
+    from replayssm.spec import CHECKPOINT_DTYPES, READ_FORMATS
+
+    ap = argparse.ArgumentParser(
+        prog="python -m replayssm.integrations.trtllm.aot",
+        description="Compile the replayssm TensorRT plugin layers to PTX with their launch manifests: one step "
+                    "directory per model x tokens x read format, indexed by OUT/manifest.json.",
+        epilog="Models come from --models, --config and --dims together; with none of them, every built-in model. "
+               "Built-in dims: " + "; ".join(f"{m}: " + ", ".join(f"{k}={v}" for k, v in d.items())
+                                             for m, d in MODELS.items()) + ".")
+    ap.add_argument("--arch", type=_arch, default="sm_90", help="GPU architecture, sm_90, sm_100, ... (default: sm_90)")
+    ap.add_argument("--out", required=True, help="output directory (created)")
+    ap.add_argument("--models", type=_list(_one_of(tuple(MODELS)), "comma-separated built-in models"),
+                    help=f"comma-separated built-in models, some of {', '.join(MODELS)} (default: all of them "
+                         "when neither --config nor --dims is given)")
+    ap.add_argument("--config", type=_config, action="append", default=[], metavar="[NAME=]PATH",
+                    help="a Hugging Face config.json (or its directory) of a model type "
+                         f"{', '.join(sorted([*CONFIG_FAMILIES, *_TEXT_CONFIGS]))}; NAME (default: the "
+                         "file's directory name) names its steps; repeatable")
+    ap.add_argument("--dims", type=_dims, action="append", default=[], metavar="NAME=FAMILY:key=value,...",
+                    help="explicit dims, e.g. mine=gdn:num_k_heads=16,num_v_heads=32,head_k_dim=128,head_v_dim=128 "
+                         "(mamba2: num_heads, head_dim, state_dim, num_groups); repeatable")
+    ap.add_argument("--tokens", type=_list(_token_count, "comma-separated ints >= 1"), default=[1, 4],
+                    help="tokens per step, comma-separated: 1 = decode, T > 1 = verify (default: 1,4)")
+    ap.add_argument("--read-formats", type=_list(_one_of(READ_FORMATS), "comma-separated read formats"),
+                    default=list(READ_FORMATS),
+                    help=f"comma-separated, some of {', '.join(READ_FORMATS)} (default: all)")
+    ap.add_argument("--checkpoint-dtype", choices=tuple(CHECKPOINT_DTYPES), default="float32",
+                    help="checkpoint dtype (default: float32)")
+    ap.add_argument("--window", type=_positive, default=16, help="ring window L in tokens (default: 16)")
+    ap.add_argument("--gate", action="store_true", help="Mamba-2 steps take the gate z as an input (default: off)")
+    return ap
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="Compile the replayssm TensorRT plugin layers to PTX with their "
-                                             "launch manifests.")
-    ap.add_argument("--arch", default="sm_90", help="sm_90, sm_100, ...")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--tokens", default="1,4", help="tokens per step: 1 = decode, T > 1 = verify")
-    ap.add_argument("--read-formats", default="checkpoint,fp8,nvfp4")
-    ap.add_argument("--checkpoint-dtype", default="float32")
-    ap.add_argument("--window", type=int, default=16)
-    ap.add_argument("--gate", action="store_true", help="Mamba-2 steps take the gate z as an input")
+    ap = parser()
     a = ap.parse_args(argv)
-    if not re.fullmatch(r"sm_\d+a?", a.arch):
-        ap.error(f"--arch: expected sm_<major><minor> such as sm_90 or sm_100, got {a.arch!r}")
-    models = a.models.split(",")
-    for m in models:
-        if m not in MODELS:
-            ap.error(f"--models: unknown model {m!r}; expected some of {sorted(MODELS)}")
-    tokens = [int(t) if t.strip().isdigit() else 0 for t in a.tokens.split(",")]
-    if min(tokens) < 1:
-        ap.error(f"--tokens: expected comma-separated ints >= 1, got {a.tokens!r}")
-    index = compile_all(a.out, a.arch, models, tokens, a.read_formats.split(","), a.checkpoint_dtype, a.window,
+    models, sources = {}, {}
+    named = [(m, m, "--models") for m in a.models or ()]
+    named += [(n, d, "--config") for n, d in a.config] + [(n, d, "--dims") for n, d in a.dims]
+    if not named:
+        named = [(m, m, "--models") for m in MODELS]
+    for name, model, flag in named:
+        if name in models:
+            ap.error(f"{flag}: model name {name!r} given twice ({sources[name]} and {flag})")
+        models[name], sources[name] = model, flag
+    for name, model in models.items():
+        try:
+            check_model(model, a.tokens, a.read_formats, a.checkpoint_dtype, a.window)
+        except ValueError as e:
+            ap.error(f"{sources[name]}: model {name!r} cannot be compiled with --read-formats {','.join(a.read_formats)}"
+                     f" --window {a.window}: {e}")
+    index = compile_all(a.out, a.arch, models, a.tokens, a.read_formats, a.checkpoint_dtype, a.window,
                         has_z=a.gate)
     print(f"wrote {len(index['steps'])} steps for {a.arch} to {a.out}")
 

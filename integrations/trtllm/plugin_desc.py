@@ -29,7 +29,8 @@ runtime parameter, with the JIT's divisibility-by-16 facts. Compiling values in 
 Triton's axis analysis (layouts, vector widths, reduction order) and so the last bits of the
 results. TensorRT passes those scalars as int32 extra args: build-time constants (strides of
 contiguous buffers do not depend on ``n`` or ``S``), ``scale`` as its fp32 bits, ``sr_base`` as
-its uint32 bits (plus ``n`` and ``S`` for ``advance``). Triton declares the kernel's parameters in
+its uint32 bits, and the sizes ``n`` (a flush pass's and ``advance``'s rows) and ``S`` (every
+kernel's ``num_slots``: a slot index outside ``[0, S)`` is a padded row). Triton declares the kernel's parameters in
 its own order (tensors and scalars interleaved); ``compile_kernel`` reorders the PTX entry's
 parameter declarations to TensorRT's (inputs, extra args, outputs), which leaves every instruction
 unchanged (they name parameters, not positions). The two trailing Triton parameters (global and
@@ -166,8 +167,10 @@ def _int32(param: str, value) -> int:
 
 def _scalars(params: list[str], args: list) -> tuple[dict, tuple]:
     """(``baked``, ``extra_args``) of a launch's scalar arguments, as :class:`KernelLaunch` holds them.
-    A step kernel's parameter ``n`` (a flush pass's rows) is the batch: ``"n"``, never baked."""
-    scalars = [(p, "n" if p == "n" else v) for p, v in zip(params, args) if not isinstance(v, torch.Tensor)]
+    A step kernel's parameters ``n`` (a flush pass's rows) and ``num_slots`` (the pool's slots, past
+    which a slot index is a padded row) are the batch and the pool: ``"n"`` and ``"S"``, never baked."""
+    sizes = {"n": "n", "num_slots": "S"}
+    scalars = [(p, sizes.get(p, v)) for p, v in zip(params, args) if not isinstance(v, torch.Tensor)]
     return ({p: v for p, v in scalars if _jit_constant(v)},
             tuple((p, v if v in ("n", "S") else _int32(p, v)) for p, v in scalars if not _jit_constant(v)))
 

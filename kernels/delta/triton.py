@@ -30,14 +30,14 @@ from replayssm.kernels.formats.triton import (READ_CHECKPOINT, dot_fp32, load_re
 from replayssm.kernels.ring.triton import flush_row_block, flush_row_of_rank, program_ranks, row_route
 
 
-@triton.jit(do_not_specialize=["n"])   # one compile for every batch (and PTX for TensorRT)
+@triton.jit(do_not_specialize=["num_slots", "n"])   # one compile for every pool and batch (and PTX for TensorRT)
 def _delta_flush_kernel(
     ckpt, c_s, c_h, c_k, c_v,                  # [S, HV, K, V] checkpoint (any strides)
     rc_codes, rc_bs, rc_rs,                    # read copy, contiguous [S, HV, V, ...]
     ring_k, ring_v, ring_g, ring_beta, ring_d,  # contiguous [S, HK, C, K], [S, HV, C, V], [S, HV, C(, K)],
                                                # [S, HV, C], [S, HV, C, V] (fp32 d cache)
     count_ptr, origin_ptr, epoch_ptr,          # [S + 1] int32
-    slots,                                     # [n] int64, -1 = padded row
+    slots, num_slots,                          # [n] int64, S: -1 or outside [0, S) = padded row
     q, q_r, q_t, q_h,                          # [n, T, HK, K]
     qs, qs_r, qs_t, qs_h,                      # [n, T, HK] fp32 factors on q (HAS_QS)
     k, k_r, k_t, k_h,                          # [n, T, HK, K]
@@ -74,7 +74,7 @@ def _delta_flush_kernel(
     vmask = ov < V
     base = rp * 0                                          # flush rows before the block
     for r0 in tl.range(0, n, RB, num_stages=1):
-        rows, fl, rank, nf = flush_row_block(slots, count_ptr, n, r0, base, T, window, RB)
+        rows, fl, rank, nf = flush_row_block(slots, num_slots, count_ptr, n, r0, base, T, window, RB)
         k0, k1 = program_ranks(base, nf, rp, RP)
         for kf in tl.range(k0, k1, RP, num_stages=1):
             i, sl, count, origin = flush_row_of_rank(rows, fl, rank, kf, slots, count_ptr, origin_ptr)
@@ -260,13 +260,13 @@ def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top
         tl.store(ptr, round_checkpoint(s, index, sr_base, ep, CKPT_FMT), mask=vmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])   # one compile for every pool (and PTX for TensorRT)
 def _delta_decode_kernel(
     ckpt, c_s, c_h, c_k, c_v,
     rc_codes, rc_bs, rc_rs,
     ring_k, ring_v, ring_g, ring_beta, ring_d,
     count_ptr, origin_ptr, epoch_ptr,
-    slots,
+    slots, num_slots,
     q, q_r, q_t, q_h,
     qs, qs_r, qs_t, qs_h,
     k, k_r, k_t, k_h,
@@ -305,7 +305,7 @@ def _delta_decode_kernel(
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
-    valid, sl, count, is_flush = row_route(slots, i, count_ptr, 1, window)
+    valid, sl, count, is_flush = row_route(slots, i, num_slots, count_ptr, 1, window)
     if not FOLD:
         if valid & is_flush:                               # the flush pass's row
             return
@@ -481,13 +481,13 @@ def _delta_decode_kernel(
         tl.store(rg + tok, g_tok, mask=active & (pid_v == 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])   # one compile for every pool (and PTX for TensorRT)
 def _delta_verify_kernel(
     ckpt, c_s, c_h, c_k, c_v,
     rc_codes, rc_bs, rc_rs,
     ring_k, ring_v, ring_g, ring_beta, ring_d,
     count_ptr, origin_ptr, epoch_ptr,
-    slots,
+    slots, num_slots,
     q, q_r, q_t, q_h,
     qs, qs_r, qs_t, qs_h,
     k, k_r, k_t, k_h,
@@ -526,7 +526,7 @@ def _delta_verify_kernel(
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
-    valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
+    valid, sl, count, is_flush = row_route(slots, i, num_slots, count_ptr, T, window)
     tl.static_assert((not FOLD) or (READ_FMT == READ_CHECKPOINT), "the fold reads the checkpoint")
     if valid & is_flush & (READ_FMT != READ_CHECKPOINT):   # the flush pass's row (behind a read copy)
         return

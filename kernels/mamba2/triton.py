@@ -50,13 +50,13 @@ def _fold_chunks(ck, c_p, c_n, xs, decay, rB, pos, hist, B_tok, tok_e, op, pmask
                  mask=pmask[:, None])
 
 
-@triton.jit(do_not_specialize=["n"])   # one compile for every batch (and PTX for TensorRT)
+@triton.jit(do_not_specialize=["num_slots", "n"])   # one compile for every pool and batch (and PTX for TensorRT)
 def _mamba2_flush_kernel(
     ckpt, c_s, c_h, c_p, c_n,                  # [S, H, P, N] checkpoint (any strides)
     rc_codes, rc_bs, rc_rs,                    # read copy, contiguous [S, H, P, ...]
     ring_x, ring_dt, ring_B,                   # contiguous [S, H, C, P], [S, H, C], [S, G, C, N]
     count_ptr, origin_ptr, epoch_ptr,          # [S + 1] int32
-    slots,                                     # [n] int64, -1 = padded row
+    slots, num_slots,                          # [n] int64, S: -1 or outside [0, S) = padded row
     x, x_r, x_t, x_h,                          # [n, T, H, P]
     dt, dt_r, dt_t,                            # [n, T, H]
     A, D, dt_bias,                             # [H] fp32
@@ -93,7 +93,7 @@ def _mamba2_flush_kernel(
     pmask = op < P
     base = rp * 0                                          # flush rows before the block
     for r0 in tl.range(0, n, RB, num_stages=1):
-        rows, fl, rank, nf = flush_row_block(slots, count_ptr, n, r0, base, T, window, RB)
+        rows, fl, rank, nf = flush_row_block(slots, num_slots, count_ptr, n, r0, base, T, window, RB)
         k0, k1 = program_ranks(base, nf, rp, RP)
         for kf in tl.range(k0, k1, RP, num_stages=1):
             i, sl, count, origin = flush_row_of_rank(rows, fl, rank, kf, slots, count_ptr, origin_ptr)
@@ -195,13 +195,13 @@ def _mamba2_flush_kernel(
         base += nf
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])   # one compile for every pool (and PTX for TensorRT)
 def _mamba2_decode_kernel(
     ckpt, c_s, c_h, c_p, c_n,
     rc_codes, rc_bs, rc_rs,
     ring_x, ring_dt, ring_B,
     count_ptr, origin_ptr, epoch_ptr,
-    slots,
+    slots, num_slots,
     x, x_r, x_t, x_h,
     dt, dt_r, dt_t,
     A, D, dt_bias,
@@ -234,7 +234,7 @@ def _mamba2_decode_kernel(
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
-    valid, sl, count, is_flush = row_route(slots, i, count_ptr, 1, window)
+    valid, sl, count, is_flush = row_route(slots, i, num_slots, count_ptr, 1, window)
     if not FOLD:
         if valid & is_flush:                               # the flush pass's row
             return
@@ -351,13 +351,13 @@ def _mamba2_decode_kernel(
                          e == count, op, pmask, h, sr_base, ep, P, N, NF, FST, CKPT_FMT, B_EX, DOT, True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])   # one compile for every pool (and PTX for TensorRT)
 def _mamba2_verify_kernel(
     ckpt, c_s, c_h, c_p, c_n,
     rc_codes, rc_bs, rc_rs,
     ring_x, ring_dt, ring_B,
     count_ptr, origin_ptr, epoch_ptr,
-    slots,
+    slots, num_slots,
     x, x_r, x_t, x_h,
     dt, dt_r, dt_t,
     A, D, dt_bias,
@@ -391,7 +391,7 @@ def _mamba2_verify_kernel(
     pid_p, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     op = pid_p * BP + tl.arange(0, BP)
     pmask = op < P
-    valid, sl, count, is_flush = row_route(slots, i, count_ptr, T, window)
+    valid, sl, count, is_flush = row_route(slots, i, num_slots, count_ptr, T, window)
     tl.static_assert((not FOLD) or (READ_FMT == READ_CHECKPOINT), "the fold reads the checkpoint")
     if valid & is_flush & (READ_FMT != READ_CHECKPOINT):   # the flush pass's row (behind a read copy)
         return

@@ -19,23 +19,34 @@ def flush_rule(count, T: tl.constexpr, window):
 
 
 @triton.jit
-def row_route(slots, i, count_ptr, T: tl.constexpr, window):
-    """A step's row: ``(valid, slot clamped to >= 0, count, is_flush)``."""
-    slot = tl.load(slots + i)
-    sl = tl.maximum(slot, 0)
-    count = tl.load(count_ptr + sl)
-    return slot >= 0, sl, count, flush_rule(count, T, window)
+def in_pool(slot, num_slots):
+    """Whether a loaded slot index is a row of the pool, ``0 <= slot < num_slots``: -1 (padding) and
+    any index outside the pool are padded rows, which read and write nothing of the pool."""
+    return (slot >= 0) & (slot < num_slots)
 
 
 @triton.jit
-def flush_row_block(slots, count_ptr, n, r0, base, T: tl.constexpr, window, RB: tl.constexpr):
+def row_route(slots, i, num_slots, count_ptr, T: tl.constexpr, window):
+    """A step's row: ``(valid, slot or 0 for a padded row, count, is_flush)``; a slot outside
+    ``[0, num_slots)`` is a padded row (:func:`in_pool`)."""
+    slot = tl.load(slots + i)
+    valid = in_pool(slot, num_slots)
+    sl = tl.where(valid, slot, 0)
+    count = tl.load(count_ptr + sl)
+    return valid, sl, count, flush_rule(count, T, window)
+
+
+@triton.jit
+def flush_row_block(slots, num_slots, count_ptr, n, r0, base, T: tl.constexpr, window, RB: tl.constexpr):
     """Rows ``r0 .. r0 + RB`` of a step's ``n``, for a flush pass that takes only the flush rows:
     ``(rows [RB], is_flush [RB], rank [RB], flush rows in the block)``. ``rank``: a flush row's
-    index among the step's flush rows, in row order (``base``: the flush rows before ``r0``)."""
+    index among the step's flush rows, in row order (``base``: the flush rows before ``r0``). A
+    padded row (:func:`in_pool`) never flushes."""
     r = r0 + tl.arange(0, RB)
     slot = tl.load(slots + r, mask=r < n, other=-1)
-    count = tl.load(count_ptr + tl.maximum(slot, 0), mask=slot >= 0, other=0)
-    fl = (slot >= 0) & flush_rule(count, T, window)
+    ok = in_pool(slot, num_slots)
+    count = tl.load(count_ptr + tl.where(ok, slot, 0), mask=ok, other=0)
+    fl = ok & flush_rule(count, T, window)
     f = fl.to(tl.int32)
     return r, fl, base + tl.cumsum(f, axis=0) - f, tl.sum(f, axis=0)
 
@@ -58,10 +69,10 @@ def flush_row_of_rank(rows, fl, rank, kf, slots, count_ptr, origin_ptr):
 @triton.jit
 def _advance_kernel(count_ptr, origin_ptr, pending_ptr, epoch_ptr, slots, n, num_slots,
                     T, window, capacity, COMMITTED: tl.constexpr, BLOCK: tl.constexpr):
-    # one layer's cursors [S + 1]; rows with slot -1 are skipped
+    # one layer's cursors [S + 1]; padded rows (slot -1 or outside the pool) are skipped
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     s = tl.load(slots + i, mask=i < n, other=-1)
-    m = s >= 0
+    m = in_pool(s, num_slots)
     s = tl.where(m, s, num_slots)
     count = tl.load(count_ptr + s, mask=m, other=0)
     origin = tl.load(origin_ptr + s, mask=m, other=0)
@@ -81,12 +92,12 @@ def _advance_kernel(count_ptr, origin_ptr, pending_ptr, epoch_ptr, slots, n, num
 
 
 @triton.jit
-def _commit_kernel(count_ptr, pending_ptr, layer_stride, slots, num_accepted, n, BLOCK: tl.constexpr):
-    # cursors [NL, S + 1]; program (block, layer)
+def _commit_kernel(count_ptr, pending_ptr, layer_stride, slots, num_slots, num_accepted, n, BLOCK: tl.constexpr):
+    # cursors [NL, S + 1]; program (block, layer); padded rows (slot -1 or outside the pool) are skipped
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     layer = tl.program_id(1)
     s = tl.load(slots + i, mask=i < n, other=-1)
-    m = s >= 0
+    m = in_pool(s, num_slots)
     acc = tl.load(num_accepted + i, mask=m, other=0).to(tl.int32)
     c = count_ptr + layer * layer_stride + s
     tl.store(c, tl.load(c, mask=m, other=0) + acc, mask=m)
@@ -110,4 +121,4 @@ def commit(cursors: dict, slots, num_accepted) -> None:
     count = cursors["count"]
     BLOCK = 128
     _commit_kernel[(triton.cdiv(n, BLOCK), count.shape[0])](
-        count, cursors["pending"], count.stride(0), slots, num_accepted, n, BLOCK=BLOCK)
+        count, cursors["pending"], count.stride(0), slots, count.shape[1] - 1, num_accepted, n, BLOCK=BLOCK)

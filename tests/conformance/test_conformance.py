@@ -183,10 +183,16 @@ def _signature(lc) -> dict:
 def _arguments(lc) -> list:
     """A launch's runtime arguments in order: tensors by their shape past the slot / row axis,
     integers and floats by value (``sr_base``, the seed's hash, excepted: the AOT build passes a
-    placeholder)."""
+    placeholder; ``num_slots`` too, the pool's slots, a size TensorRT passes as the slot axis is)."""
     names = [a for a in lc.kernel.arg_names if a not in lc.constexprs]
-    return [tuple(v.shape[1:]) if isinstance(v, torch.Tensor) else (None if k == "sr_base" else v)
+    return [tuple(v.shape[1:]) if isinstance(v, torch.Tensor) else {"sr_base": None, "num_slots": "S"}.get(k, v)
             for k, v in zip(names, lc.args)]
+
+
+def _num_slots(lc) -> tuple[int, int]:
+    """A step launch's ``num_slots`` argument and its checkpoint's slots."""
+    names = [a for a in lc.kernel.arg_names if a not in lc.constexprs]
+    return dict(zip(names, lc.args))["num_slots"], lc.args[0].shape[0]
 
 
 @pytest.mark.parametrize("family,mode", CASES)
@@ -219,6 +225,9 @@ def test_trtllm_aot_plan(family, mode, monkeypatch):
                 problems.append(f"step {j}: argument names {list(a)} != {list(b)}")
             if _arguments(ran) != _arguments(planned):
                 problems.append(f"step {j}: arguments differ in shape or value")
+            for lc in (ran, planned):
+                if _num_slots(lc)[0] != _num_slots(lc)[1]:
+                    problems.append(f"step {j}: num_slots {_num_slots(lc)} is not the checkpoint's slots")
             compared += 1
             kinds = {k: (a[k], b[k]) for k in a if k in b and a[k] != b[k]
                      and not (a[k].startswith("*") and b[k].startswith("*"))}
