@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "server"))
 
 import check_server  # noqa: E402
+import models  # noqa: E402
 import kit  # noqa: E402
 
 
@@ -99,3 +100,26 @@ def test_comparison_counts_identical_requests_and_the_first_difference():
     assert wave["requests"] == 2 and wave["identical"] == 1 and wave["first_difference_at"] == [2]
     assert wave["tokens_compared"] == 4                          # 2 before the first difference, then 2
     assert wave["logprob_diff_max"] == 0.5 and wave["logprob_diff_mean"] == pytest.approx((0 + 0.25 + 0 + 0.5) / 4)
+
+
+PUBLISHED = {"nemotron-h-8b": "nemotron-h", "qwen3-next": "qwen3.5", "kimi-linear": "kimi-linear"}
+SSM_LAYERS = {"nemotron-h-8b": 24, "qwen3-next": 6, "kimi-linear": 6}
+
+
+@pytest.mark.parametrize("name", sorted(models.CONFIGS))
+def test_model_folders_carry_the_published_ssm_dims_as_sglang_reads_them(tmp_path, monkeypatch, capsys, name):
+    """The launcher's dry run reads each folder with SGLang's own config classes: the replay plan's
+    layers are the published model's (``benchmarks/shapes.py``), as many as the table says."""
+    pytest.importorskip("sglang")
+    from replayssm.integrations.sglang import launch_server, options
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from shapes import MODEL_SPECS
+
+    monkeypatch.setattr("os.environ", {k: v for k, v in __import__("os").environ.items() if k != options.ENV_VAR})
+    folder = models.write(tmp_path, name)
+    launch_server.main(["--replay-ssm", "--replay-read-format", "nvfp4", "--dry-run", "--model-path", str(folder),
+                        "--device", "cpu", "--skip-tokenizer-init"])
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    spec = MODEL_SPECS[PUBLISHED[name]]
+    assert plan["family"] == spec.family and len(plan["layers"]) == SSM_LAYERS[name]
+    assert plan["dims"] == {k: getattr(spec, k) for k in plan["dims"]}
