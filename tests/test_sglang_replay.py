@@ -557,6 +557,9 @@ def test_pool_refusals(replay_on):
     with pytest.raises(ValueError, match="enable_linear_replayssm: SGLang's own replay cannot run beside"):
         cls(size=4, spec_state_size=4, cache_params=_cache_params(), mamba_layer_ids=LAYERS, device=DEVICE,
             enable_linear_replayssm=True)
+    with pytest.raises(ValueError, match="envelope_layout: SGLang's page-major KV layout is not served"):
+        cls(size=4, spec_state_size=4, cache_params=_cache_params(), mamba_layer_ids=LAYERS, device=DEVICE,
+            envelope_layout=True)
 
 
 def test_a_state_outside_a_replay_pool_is_refused(replay_on):

@@ -93,6 +93,11 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
                 if kwargs.get(flag):
                     raise ValueError(f"{flag}: SGLang's own replay cannot run beside replayssm; drop "
                                      f"--{flag.replace('_', '-')} and use --replay-ssm")
+            if kwargs.get("envelope_layout"):
+                # the page-major envelope makes temporal a strided view whose extends run on gathered
+                # copies, written back after the hooks that reset the rings have run
+                raise ValueError("envelope_layout: SGLang's page-major KV layout is not served with --replay-ssm; "
+                                 "drop --enable-page-major-kv-layout")
             drafts = kwargs.get("speculative_num_draft_tokens")
             if drafts:
                 # per-draft full-state snapshots are never written or read under replay (verify appends
