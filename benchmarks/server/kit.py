@@ -12,7 +12,7 @@ What it holds:
 | wheel | why |
 |---|---|
 | ``sglang==0.5.17`` without ``multimodal_gen/``, ``test/`` and the Rust gRPC / HTTP servers' libraries | the server (cp312); what is left out is the diffusion runtime, SGLang's own tests, and two servers taken only under ``--grpc-mode`` / ``SGLANG_RUST_SERVER`` |
-| ``sglang-kernel==0.4.5`` without ``flash_ops`` (FA3), ``flashmla_ops``, ``infllm_ops`` and ``sm100/`` | SGLang's CUDA ops for torch 2.11 on sm90; the libraries left out are attention kernels the servers here do not select (they run ``--attention-backend triton``), and make up 1.1 GB of the 1.2 GB |
+| ``sglang-kernel==0.4.5`` without ``flash_ops`` (FA3), ``flashmla_ops``, ``infllm_ops`` and ``sm100/`` | SGLang's CUDA ops for torch 2.11 on sm90; the libraries left out are attention kernels the harness's servers do not select (they run ``--attention-backend triton``), and make up 1.1 GB of the 1.2 GB |
 | ``xgrammar==0.2.1`` without ``lib/`` | imported by SGLang's function-call parsers; ``lib/`` is its static library for C++ builds |
 | ``flashinfer-python==0.6.15.post1`` | SGLang 0.5.17 imports it on CUDA, and sglang-kernel 0.4.5's RMSNorms call its norm kernels, which its JIT compiles on first use with the machine's ``nvcc`` (into ``~/.cache/flashinfer``); NemotronH's attention layers run its attention kernels (SGLang 0.5.17 serves NemotronH with neither its triton nor its torch_native backend) |
 | ``transformers==5.12.1``, ``tokenizers==0.22.2`` | SGLang 0.5.17's pin (a newer transformers registers configs SGLang 0.5.17 registers too) |

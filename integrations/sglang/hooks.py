@@ -104,8 +104,9 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
     _patch(hlab.HybridLinearAttnBackend, "update_mamba_state_after_mtp_verify", update_mamba_state_after_mtp_verify)
 
     def flush_finished(component, req, insert_params, token_ids_len, is_finished):
-        if is_finished:
-            pool.flush_for_tree(component.cache.req_to_token_pool, seams.finished_req_slot(req))
+        slot = seams.req_mamba_slot(req)
+        if is_finished and slot is not None:
+            pool.flush_for_tree(component.cache.req_to_token_pool, slot)
 
     _around(MambaComponent, "prepare_for_caching_req", before=flush_finished)
 

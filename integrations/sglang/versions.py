@@ -36,10 +36,6 @@ class Seams0523:
         return req.kv.mamba_pool_idx if req.kv.holds_mamba else None
 
     @staticmethod
-    def finished_req_slot(req):
-        return req.kv.mamba_pool_idx
-
-    @staticmethod
     def host_device_layers(host_pool):
         """The device checkpoint of every layer a HiCache host pool backs up."""
         return host_pool.temporal_device_layers
@@ -105,10 +101,6 @@ class Seams0517(Seams0523):
 
     @staticmethod
     def req_mamba_slot(req):
-        return req.mamba_pool_idx
-
-    @staticmethod
-    def finished_req_slot(req):
         return req.mamba_pool_idx
 
     @staticmethod
