@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import replayssm as rs
-from helpers import SPECS, TOL, Driver, Params, make_inputs, rms_ratio
+from helpers import SPECS, TOL, Driver, make_inputs, rms_ratio
 
 FAMILIES = list(SPECS)
 
@@ -44,8 +44,8 @@ def test_padded_rows_are_untouched_and_zero(family):
     padded = torch.tensor([slots[0].item(), -1, slots[1].item()])
     snapshot = {k: v.clone() for k, v in d.pool.ring.items()}
     cursors = {k: v.clone() for k, v in d.pool.cursors.items()}
-    spec, params = d.spec, Params(d.spec, 1, torch.Generator().manual_seed(1))
-    inp = make_inputs(spec, params, 0, 3, None, torch.Generator().manual_seed(2))
+    spec = d.spec
+    inp = make_inputs(spec, d.params, 0, 3, None, torch.Generator().manual_seed(2))   # the layer's A, D, dt_bias
     heads, dim = (spec.num_heads, spec.head_dim) if family == "mamba2" else (spec.num_v_heads, spec.head_v_dim)
     out = torch.full((3, heads, dim), float("nan"))
     y = rs.decode(d.pool, 0, padded, out=out, **inp)
