@@ -18,7 +18,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SGLANG_0517 = ROOT / "build" / "sglang-0.5.17"
 
 # every family's decode through 0.5.17's call sites, slot events, the tree's flush of a finishing
-# request, the int8 store, mixed batches, track copies, the launcher's refusals and the entry point
+# request, the int8 store, mixed batches, track copies, the launcher's refusals, its dry run's plan of
+# each served model and the entry point
 TESTS = (
     "tests/test_sglang_replay.py::test_replay_off_leaves_sglang_untouched",
     "tests/test_sglang_replay.py::test_pool_wraps_sglang_temporal_without_copy",
@@ -40,6 +41,7 @@ TESTS = (
     "tests/test_sglang_mixed.py::test_mamba2_mixed_batch_scans_whole_states",
     "tests/test_sglang_mixed.py::test_gdn_mixed_batch_extends_whole_states",
     "tests/test_sglang_track.py::test_extend_track_leaves_track_slots_with_empty_rings",
+    "tests/test_server_harness.py::test_model_folders_carry_the_published_ssm_dims_as_sglang_reads_them",
 )
 # resolves its model's config through the Hub under 0.5.17's parser (no network in the tests)
 DESELECT = ("tests/test_sglang_launcher.py::test_refusals[args5---enable-mamba-cache-stochastic-rounding: not served]",)

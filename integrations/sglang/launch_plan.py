@@ -45,8 +45,10 @@ def _family(model_cfg) -> tuple[str, object]:
     """``(family, the config holding the layers)`` of the linear layers SGLang serves in ``model_cfg``."""
     from sglang.srt.configs import hybrid_arch
 
+    from . import versions
+
     for family, find in (("mamba2", hybrid_arch.mamba2_config), ("gdn", hybrid_arch.hybrid_gdn_config),
-                         ("kda", hybrid_arch.hybrid_kda_config)):
+                         ("kda", getattr(hybrid_arch, versions.seams().kda_config_finder))):
         found = find(model_cfg)
         if found is not None:
             return family, found
@@ -60,11 +62,13 @@ def _family(model_cfg) -> tuple[str, object]:
 
 def _cache_params(server_args, holder):
     """The holder's per-rank ``mamba2_cache_params``, under SGLang's parallel context of ``server_args``."""
-    from sglang.srt import runtime_context
+    from sglang.srt.runtime_context import get_parallel
+
+    from . import versions
 
     try:
-        with runtime_context.use_context(runtime_context.create_context(server_args, role="scheduler")):
-            return holder.mamba2_cache_params, runtime_context.get_parallel().attn_tp_size
+        with versions.seams().rank_context(server_args):
+            return holder.mamba2_cache_params, get_parallel().attn_tp_size
     except Exception as e:  # a config SGLang's own classes cannot size a mamba pool from
         raise SystemExit(f"--model-path: SGLang cannot size the mamba state of {server_args.model_path!r} from its "
                          f"config ({type(e).__name__}: {e})") from None

@@ -14,6 +14,8 @@ versions itself. A release not in ``SEAMS`` is refused by ``plugin.check_version
 | replay's side bytes in the mamba pool budget | ``KVCacheConfigurator.extra_mamba_cache_bytes_per_req`` | ``mamba_cache_per_req`` of the configurator's cache parameters (no extra-bytes field) |
 | linear-attention kernel backends chosen | ``model_runner.linear_attn_backends`` | ``layers.attention.linear.utils`` getters |
 | conv-window rollback after a verify | ``fused_conv_window_scatter_with_mask(..., src_rows)``, stable rows, per-slot side states | ``fused_conv_window_scatter_with_mask`` of 4 arguments, CUDA only |
+| the config holding KDA layers (launcher dry run) | ``hybrid_arch.hybrid_kda_config`` | ``hybrid_arch.kimi_linear_config`` |
+| a rank's parallel sizes outside a server (launcher dry run) | ``runtime_context.create_context`` / ``use_context`` | ``get_parallel().override`` |
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ class Seams0523:
     mamba_pool_host_module = "sglang.srt.mem_cache.pool_host.mamba"
     mamba_component_module = "sglang.srt.mem_cache.unified_cache.components.mamba"
     kda_fused_paths = ("_can_run_fused_chain_verify", "_can_run_dspark_cutedsl_mtp")
+    kda_config_finder = "hybrid_kda_config"
+
+    @staticmethod
+    def rank_context(server_args):
+        """A context in which SGLang's config classes see the parallel sizes of ``server_args`` (one
+        scheduler rank), as they do in a server."""
+        from sglang.srt import runtime_context
+
+        return runtime_context.use_context(runtime_context.create_context(server_args, role="scheduler"))
 
     @staticmethod
     def req_mamba_slot(req):
@@ -98,6 +109,15 @@ class Seams0517(Seams0523):
     mamba_pool_host_module = "sglang.srt.mem_cache.memory_pool_host"
     mamba_component_module = "sglang.srt.mem_cache.unified_cache.components.mamba_component"
     kda_fused_paths = ("_can_run_dspark_cutedsl_mtp",)
+    kda_config_finder = "kimi_linear_config"
+
+    @staticmethod
+    def rank_context(server_args):
+        from sglang.srt.runtime_context import get_parallel
+
+        tp = server_args.tp_size
+        attn_tp = tp // server_args.dp_size if server_args.enable_dp_attention else tp
+        return get_parallel().override(tp_size=tp, attn_tp_size=attn_tp)
 
     @staticmethod
     def req_mamba_slot(req):
