@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine (Python 3.12, torch 2.11, no network): unpack the kit that kit.py packed into .kit/
-# (carried with the tree), install replayssm from the tree beside it, check that every module a server
+# (copied beside the tree), install replayssm from the tree beside it, check that every module a server
 # imports is there, then run check_server.py with the given arguments.
 #
-#   bash benchmarks/server/gpu_server.sh [check_server.py arguments]      (carry .kit)
+#   bash benchmarks/server/gpu_server.sh [check_server.py arguments]      (.kit/ beside the tree)
 #   PROBE_ONLY=1 bash benchmarks/server/gpu_server.sh                       (the import probe alone)
 #
 # Output and JSON go to ${OUT:-build/server}.
@@ -15,7 +15,7 @@ OUT=${OUT:-build/server}
 mkdir -p "$OUT"
 kit=.kit
 [ -f "$kit/manifest.json" ] && [ -f "$kit/site.tar.xz" ] || {
-    echo "gpu_server.sh: $kit/manifest.json and $kit/site.tar.xz are missing: run 'python benchmarks/server/kit.py' and carry $kit"
+    echo "gpu_server.sh: $kit/manifest.json and $kit/site.tar.xz are missing: run 'python benchmarks/server/kit.py' on a machine with network and copy $kit beside the tree"
     exit 2; }
 want=$("$PYTHON" -c "import json; print(json.load(open('$kit/manifest.json'))['sha256'])")
 have=$(sha256sum "$kit/site.tar.xz" | cut -d' ' -f1)

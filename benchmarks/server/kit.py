@@ -19,8 +19,8 @@ What it holds:
 | the pure-Python packages in ``PACKAGES`` | what SGLang's server modules import that the image lacks |
 
 ``manifest.json`` beside the archive names each wheel and the archive's SHA-256; ``gpu_server.sh``
-refuses a kit whose archive does not match it. The folder must stay well under the 64 MiB that
-travels with the working tree.
+refuses a kit whose archive does not match it. The archive is refused above ``LIMIT`` (48 MiB), so
+that it and the repository copy to the GPU machine together in well under 64 MiB.
 """
 
 from __future__ import annotations
