@@ -27,6 +27,7 @@ where the releases differ, ``versions``).
 from __future__ import annotations
 
 import functools
+import importlib
 
 from replayssm import ReplayConfig
 
@@ -80,8 +81,8 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.mem_cache.mamba_checkpoint_pool import MambaCheckpointPool
 
-    MambaPoolHost = versions.module(seams.mamba_pool_host_module).MambaPoolHost
-    MambaComponent = versions.module(seams.mamba_component_module).MambaComponent
+    MambaPoolHost = importlib.import_module(seams.mamba_pool_host_module).MambaPoolHost
+    MambaComponent = importlib.import_module(seams.mamba_component_module).MambaComponent
 
     _patch(memory_pool.HybridReqToTokenPool, "mamba_pool_cls", pool.pool_class(cfg, backend))
     _patch(KVCacheConfigurator, "_handle_max_mamba_cache",

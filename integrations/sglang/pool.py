@@ -180,7 +180,8 @@ def replay_budget(cfg: ReplayConfig, handle):
 def _without_allocation(shape: tuple[int, ...]):
     """While SGLang's ``MambaPool.__init__`` runs: its module's ``torch.zeros`` of exactly ``shape``
     (the per-draft ``intermediate_ssm`` snapshots ``[layers, slots, T, ...]``) returns a placeholder of
-    no slots ``[layers, 0, T, ...]`` instead of allocating, and must do so exactly once. Every other name of ``torch`` there is torch's."""
+    no slots ``[layers, 0, T, ...]`` instead of allocating, and must do so exactly once. Every other
+    name of ``torch`` there is torch's."""
     from sglang.srt.mem_cache import memory_pool
 
     skipped = []
@@ -358,7 +359,8 @@ def before_host_backup(host_pool, device_indices: torch.Tensor) -> None:
     A radix-tree slot's ring is already empty (it was flushed when the tree took it), so this is a
     no-op there; a slot backed up while it decodes (a retracted request) needs it. Runs on the
     caller's stream (SGLang's device-to-host stream, after its start event)."""
-    for state in versions.seams().host_device_layers(host_pool):   # MTP draft layers too (0.5.23), when their pool replays
+    # every layer the host pool backs up: on 0.5.23 MTP draft layers too, when their pool replays
+    for state in versions.seams().host_device_layers(host_pool):
         found = lookup(state)
         if found is not None:
             _flush(found[0].replay, device_indices, found[1])

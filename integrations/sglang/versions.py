@@ -206,7 +206,3 @@ def seams():
     if found not in SEAMS:
         raise RuntimeError(f"replayssm's SGLang adapter serves sglang {', '.join(sorted(SEAMS))}; found {found}")
     return SEAMS[found]
-
-
-def module(name: str):
-    return importlib.import_module(name)
