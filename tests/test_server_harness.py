@@ -123,3 +123,40 @@ def test_model_folders_carry_the_published_ssm_dims_as_sglang_reads_them(tmp_pat
     spec = MODEL_SPECS[PUBLISHED[name]]
     assert plan["family"] == spec.family and len(plan["layers"]) == SSM_LAYERS[name]
     assert plan["dims"] == {k: getattr(spec, k) for k in plan["dims"]}
+
+
+def test_parallel_runs_never_share_a_port_and_write_every_model(tmp_path, monkeypatch):
+    """``--parallel 3`` over 2 models x 4 variants: at most 3 servers at once, never two on one port at
+    the same time, models interleaved, and each model's JSON compares every variant with the first."""
+    import threading
+    import time
+
+    live, seen, lock = {}, [], threading.Lock()
+
+    def fake_run(name, model, model_dir, reqs, args, port, log, deadline):
+        with lock:
+            assert port not in live.values(), f"port {port} taken twice"
+            live[(model, name)] = port
+            seen.append((model, name, len(live)))
+        log.write(f"log of {model} {name}\n")
+        time.sleep(0.05)
+        with lock:
+            del live[(model, name)]
+        ids = [hash((model, k)) % 1000 for k in range(4)]
+        item = dict(output_ids=ids, logprobs=[-0.5] * 4)
+        return dict(single=[item], wave=[item, item])
+
+    monkeypatch.setattr(check_server, "run_variant", fake_run)
+    variants = ["sglang", "replay-fp32", "replay-nvfp4", "replay-fp32-w2"]
+    rc = check_server.main(["--models", "qwen3-next", "kimi-linear", "--variants", *variants, "--parallel", "3",
+                            "--out", str(tmp_path), "--models-dir", str(tmp_path / "models")])
+    assert rc == 0
+    assert [m for m, _, _ in seen[:2]] == ["qwen3-next", "kimi-linear"]
+    assert max(n for _, _, n in seen) <= 3 and len(seen) == 8
+    for model in ("qwen3-next", "kimi-linear"):
+        data = json.loads((tmp_path / f"server-{model}.json").read_text())
+        assert sorted(data["results"]) == sorted(variants)
+        assert sorted(data["summary"]) == sorted(variants[1:])
+        assert all(row["wave"]["identical"] == 2 for row in data["summary"].values())
+    log = (tmp_path / "servers.log").read_text()
+    assert all(f"log of {m} {v}" in log for m in ("qwen3-next", "kimi-linear") for v in variants)

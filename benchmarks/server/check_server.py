@@ -14,9 +14,16 @@ waits for it, sends the same requests to ``/generate``, and stops it. The reques
   their slots, so flushes fall at different steps of different rows and slots are reused.
 
 Every request is greedy (temperature 0) with ``ignore_eos`` and returns its tokens' logprobs. Written to
-``DIR/server-<model>.json``: per variant and request the output ids and logprobs; per variant against
-the first one the requests whose tokens are identical, the first differing position and the mean and
-largest logprob difference over the tokens both produced. Server logs go to ``DIR/servers.log``.
+``DIR/server-<model>.json`` (rewritten as each server finishes): per variant and request the output ids
+and logprobs; per variant against the first one the requests whose tokens are identical, the first
+differing position and the mean and largest logprob difference over the tokens both produced. Server
+logs go to ``DIR/servers.log``, one server's after another.
+
+``--parallel N`` runs up to N servers at once on one GPU (ports ``--port``, ``--port`` + 1, ...), the
+(model, variant) pairs taken round-robin over the models; this checks tokens, not speed. Every server
+gets explicit pool sizes (``--max-total-tokens``, ``--max-mamba-cache-size``), so what one takes does
+not depend on what the others hold when it measures free memory. ``--deadline S`` stops starting
+servers, and stops running ones, S seconds after the start; what finished is written.
 """
 
 from __future__ import annotations
@@ -26,10 +33,13 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import queue
 import random
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -48,6 +58,7 @@ VARIANTS = {
     # share of an output is about 2^-16 and the ring's tokens decide it)
     "replay-fp32-w2": ["--replay-ssm", "--replay-window", "2"],
     "replay-nvfp4-w2": ["--replay-ssm", "--replay-window", "2", "--replay-read-format", "nvfp4"],
+    "replay-fp8-w2": ["--replay-ssm", "--replay-window", "2", "--replay-read-format", "fp8"],
 }
 
 
@@ -62,6 +73,8 @@ def server_args(model_dir: pathlib.Path, family: str, port: int, args) -> list[s
     flags = ["--model-path", str(model_dir), "--load-format", "dummy", "--skip-tokenizer-init", "--host", "127.0.0.1",
              "--port", str(port), "--attention-backend", ATTENTION[family], "--sampling-backend", "pytorch",
              "--mem-fraction-static", str(args.mem_fraction), "--max-running-requests", str(args.max_running_requests),
+             "--max-total-tokens", str(args.max_total_tokens),
+             "--max-mamba-cache-size", str(args.max_mamba_cache_size or 3 * args.max_running_requests),
              "--cuda-graph-max-bs", str(args.max_running_requests), "--context-length", "2048", "--random-seed", "0",
              "--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule",
              "--log-level", "warning"]
@@ -104,23 +117,40 @@ def requests_for(vocab: int, n: int, seed: int) -> dict[str, list[dict]]:
     return dict(single=[one(37, 80)], wave=[one(rng.randint(5, 400), rng.randint(17, 90)) for _ in range(n)])
 
 
-def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args, log) -> dict:
+class Deadline:
+    """Seconds left before ``--deadline`` (unbounded without one)."""
+
+    def __init__(self, seconds: float | None):
+        self.end = None if seconds is None else time.time() + seconds
+
+    def left(self, cap: float) -> float:
+        return cap if self.end is None else max(0.0, min(cap, self.end - time.time()))
+
+
+def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args, port: int, log,
+                deadline: Deadline) -> dict:
+    """Start one server, send ``reqs`` wave after wave, stop it; server output goes to ``log``."""
     family = models.FAMILIES[model]
     cmd = [sys.executable, "-m", "replayssm.integrations.sglang.launch_server", *VARIANTS[name],
-           *server_args(model_dir, family, args.port, args)]
+           *server_args(model_dir, family, port, args)]
+    result = dict(command=cmd)
+    if deadline.left(60) < 60:
+        result["error"] = "not started: the deadline is less than a minute away"
+        print(f"  {model} {name}: {result['error']}", flush=True)
+        return result
     log.write(f"\n===== {model} {name}: {' '.join(cmd)}\n")
     log.flush()
     t0 = time.time()
+    print(f"  {model} {name}: starting on port {port}", flush=True)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    result = dict(command=cmd)
     try:
-        wait_ready(proc, args.port, args.start_timeout)
+        wait_ready(proc, port, deadline.left(args.start_timeout))
         result["start_s"] = round(time.time() - t0, 1)
         print(f"  {model} {name}: ready in {result['start_s']} s", flush=True)
         for wave, items in reqs.items():
             t1 = time.time()
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(items)) as ex:
-                outs = list(ex.map(lambda p: post(args.port, p), items))
+                outs = list(ex.map(lambda p: post(port, p, timeout=max(1.0, deadline.left(600))), items))
             result[wave] = [dict(output_ids=o["output_ids"],
                                  logprobs=[t[0] for t in o["meta_info"]["output_token_logprobs"]]) for o in outs]
             result[f"{wave}_s"] = round(time.time() - t1, 2)
@@ -138,6 +168,12 @@ def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args
             except ProcessLookupError:
                 pass
     return result
+
+
+def jobs_in_order(model_names: list[str], variants: list[str]) -> list[tuple[str, str]]:
+    """(model, variant) pairs, round-robin over the models: the first variant of every model, then the
+    second, ... (so servers running at once are of different models)."""
+    return [(m, v) for v in variants for m in model_names]
 
 
 def compare(ref: dict, got: dict) -> dict:
@@ -161,6 +197,14 @@ def compare(ref: dict, got: dict) -> dict:
     return out
 
 
+def write_model(out: pathlib.Path, model: str, variants: list[str], results: dict) -> None:
+    """``out/server-<model>.json`` from the variants finished so far (compared with the first)."""
+    ref = results.get(variants[0], {})
+    summary = {name: compare(ref, r) for name, r in results.items() if name != variants[0]}
+    (out / f"server-{model}.json").write_text(json.dumps(dict(model=model, config=models.CONFIGS[model],
+                                                              results=results, summary=summary)) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -168,36 +212,63 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", nargs="+", default=["sglang", "replay-fp32", "replay-nvfp4"], choices=list(VARIANTS),
                     help="the first is the reference the others are compared with")
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "build/server")))
+    ap.add_argument("--models-dir", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "replayssm-models",
+                    help="where the model folders (config.json each) are written")
     ap.add_argument("--port", type=int, default=30817)
     ap.add_argument("--requests", type=int, default=40, help="requests in the concurrent wave")
     ap.add_argument("--max-running-requests", type=int, default=16)
-    ap.add_argument("--mem-fraction", type=float, default=0.8)
+    ap.add_argument("--max-total-tokens", type=int, default=65536, help="each server's KV pool, in tokens")
+    ap.add_argument("--max-mamba-cache-size", type=int, default=None,
+                    help="each server's SSM state slots (default: 3 x --max-running-requests)")
+    ap.add_argument("--mem-fraction", type=float, default=0.9)
     ap.add_argument("--start-timeout", type=float, default=420)
+    ap.add_argument("--parallel", type=int, default=1, help="servers running at once")
+    ap.add_argument("--deadline", type=float, default=None, help="seconds after which nothing more runs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-prefill-graph", action="store_true",
                     help="every variant without SGLang's prefill CUDA graph (starts faster; decode graphs stay)")
     ap.add_argument("--sglang-arg", action="append", default=[], help="one more SGLang flag or value (repeatable)")
     args = ap.parse_args(argv)
+    if args.parallel < 1:
+        ap.error(f"--parallel: expected at least 1, got {args.parallel}")
     args.out.mkdir(parents=True, exist_ok=True)
-    failed = False
-    with (args.out / "servers.log").open("a") as log:
-        for model in args.models:
-            model_dir = models.write(args.out / "models", model)
-            reqs = requests_for(models.CONFIGS[model]["vocab_size"], args.requests, args.seed)
-            results = {}
-            for name in args.variants:
-                results[name] = run_variant(name, model, model_dir, reqs, args, log)
-                failed |= "error" in results[name]
-            ref = results[args.variants[0]]
-            summary = {name: compare(ref, r) for name, r in results.items() if name != args.variants[0]}
-            (args.out / f"server-{model}.json").write_text(json.dumps(dict(model=model, config=models.CONFIGS[model],
-                                                                           results=results, summary=summary)) + "\n")
-            for name, s in summary.items():
-                for wave, row in s.items():
-                    print(f"{model:14s} {name:20s} {wave:6s} identical {row['identical']}/{row['requests']}  "
-                          f"logprob diff mean {row['logprob_diff_mean']:.2e} max {row['logprob_diff_max']:.2e}  "
-                          f"first differences {row['first_difference_at'][:8]}", flush=True)
-    return 1 if failed else 0
+    deadline = Deadline(args.deadline)
+    model_dirs = {m: models.write(args.models_dir, m) for m in args.models}
+    reqs = {m: requests_for(models.CONFIGS[m]["vocab_size"], args.requests, args.seed) for m in args.models}
+    results: dict[str, dict] = {m: {} for m in args.models}
+    jobs = jobs_in_order(args.models, args.variants)
+    lock = threading.Lock()
+    ports: queue.Queue = queue.Queue()
+    for k in range(args.parallel):              # spaced out: SGLang takes a few ports after its own
+        ports.put(args.port + 37 * k)
+
+    def one(model: str, name: str) -> dict:
+        port = ports.get()
+        try:
+            with tempfile.TemporaryFile("w+") as log:
+                r = run_variant(name, model, model_dirs[model], reqs[model], args, port, log, deadline)
+                log.seek(0)
+                logged = log.read()
+        finally:
+            ports.put(port)
+        with lock:
+            with (args.out / "servers.log").open("a") as all_logs:
+                all_logs.write(logged)
+            results[model][name] = r
+            write_model(args.out, model, args.variants, {v: results[model][v] for v in args.variants
+                                                         if v in results[model]})
+        return r
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as ex:
+        done = list(ex.map(lambda job: one(*job), jobs))
+    for model in args.models:
+        s = json.loads((args.out / f"server-{model}.json").read_text())["summary"]
+        for name, by_wave in s.items():
+            for wave, row in by_wave.items():
+                print(f"{model:14s} {name:20s} {wave:6s} identical {row['identical']}/{row['requests']}  "
+                      f"logprob diff mean {row['logprob_diff_mean']:.2e} max {row['logprob_diff_max']:.2e}  "
+                      f"first differences {row['first_difference_at'][:8]}", flush=True)
+    return 1 if any("error" in r for r in done) else 0
 
 
 if __name__ == "__main__":
