@@ -151,7 +151,9 @@ def test_parallel_runs_never_share_a_port_and_write_every_model(tmp_path, monkey
     rc = check_server.main(["--models", "qwen3-next", "kimi-linear", "--variants", *variants, "--parallel", "3",
                             "--out", str(tmp_path), "--models-dir", str(tmp_path / "models")])
     assert rc == 0
-    assert [m for m, _, _ in seen[:2]] == ["qwen3-next", "kimi-linear"]
+    assert check_server.jobs_in_order(["qwen3-next", "kimi-linear"], variants)[:3] == [
+        ("qwen3-next", "sglang"), ("kimi-linear", "sglang"), ("qwen3-next", "replay-fp32")]
+    assert {m for m, _, _ in seen[:3]} == {"qwen3-next", "kimi-linear"}
     assert max(n for _, _, n in seen) <= 3 and len(seen) == 8
     for model in ("qwen3-next", "kimi-linear"):
         data = json.loads((tmp_path / f"server-{model}.json").read_text())
@@ -160,3 +162,61 @@ def test_parallel_runs_never_share_a_port_and_write_every_model(tmp_path, monkey
         assert all(row["wave"]["identical"] == 2 for row in data["summary"].values())
     log = (tmp_path / "servers.log").read_text()
     assert all(f"log of {m} {v}" in log for m in ("qwen3-next", "kimi-linear") for v in variants)
+
+
+def test_seeded_weights_are_a_trained_models_scale_and_the_same_for_the_same_seed():
+    import torch
+
+    import seeded_weights
+
+    class Mixer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.A_log = torch.nn.Parameter(torch.zeros(1, 1, 32, 1))
+            self.A = torch.nn.Parameter(torch.zeros(64))
+            self.dt_bias = torch.nn.Parameter(torch.zeros(64))
+            self.norm = torch.nn.LayerNorm(256)
+            self.in_proj = torch.nn.Linear(256, 512, bias=True)
+            self.experts = torch.nn.Parameter(torch.zeros(4, 128, 256, dtype=torch.bfloat16))
+            self.register_buffer("steps", torch.zeros(3, dtype=torch.int64))
+
+    def made(seed):
+        m = Mixer()
+        seeded_weights.initialize(m, seed=seed)
+        return m
+
+    a, b, c = made(3), made(3), made(4)
+    for name, t in a.state_dict().items():
+        assert torch.equal(t, b.state_dict()[name]), name
+        if t.is_floating_point():
+            assert not torch.equal(t, c.state_dict()[name]), name
+    A = torch.exp(a.A_log.detach())
+    assert 1.0 <= A.min() and A.max() <= 16.0 and A.std() > 2.0
+    assert torch.all(-16.0 <= a.A) and torch.all(a.A <= -1.0)
+    dt = torch.nn.functional.softplus(a.dt_bias.detach())
+    assert 0.99e-3 <= dt.min() and dt.max() <= 0.101
+    assert torch.all((a.norm.weight - 1.0).abs() <= 0.1) and torch.all(a.norm.bias.abs() <= 0.02)
+    bound = (3.0 / 256) ** 0.5
+    w = a.in_proj.weight.detach()
+    assert w.abs().max() <= bound and abs(w.std().item() - bound / 3 ** 0.5) < 0.01 * bound
+    assert a.experts.dtype == torch.bfloat16 and a.experts.float().abs().max() <= bound * 1.01
+    assert not torch.equal(a.experts[0], a.experts[1])
+    assert torch.equal(a.steps, torch.zeros(3, dtype=torch.int64))
+
+
+def test_seeded_init_replaces_sglangs_dummy_initializer_only_when_asked(tmp_path):
+    """In a fresh interpreter with ``seeded_init`` on the path, SGLang's loader module calls
+    ``seeded_weights.initialize`` when the seed is set, and its own function otherwise."""
+    pytest.importorskip("sglang")
+    probe = ("import sglang.srt.model_loader.loader as L, sglang.srt.model_loader.weight_utils as W, sys\n"
+             "print(L.initialize_dummy_weights.__module__, L.initialize_dummy_weights is W.initialize_dummy_weights)\n")
+    base = {k: v for k, v in __import__("os").environ.items() if k != "REPLAYSSM_SEEDED_WEIGHTS"}
+    base["PYTHONPATH"] = str(ROOT / "benchmarks/server/seeded_init")
+    on = subprocess.run([sys.executable, "-c", probe], env={**base, "REPLAYSSM_SEEDED_WEIGHTS": "7"},
+                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert on.returncode == 0, on.stderr[-3000:]
+    assert on.stdout.split()[-2:] == ["seeded_weights", "False"]
+    off = subprocess.run([sys.executable, "-c", probe], env=base, capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert off.stdout.split()[-2:] == ["sglang.srt.model_loader.weight_utils", "True"]

@@ -5,7 +5,8 @@ greedy tokens of replay against SGLang's conventional path.
 
 Each variant starts ``python -m replayssm.integrations.sglang.launch_server`` (SGLang's own HTTP
 server; replay on only for ``replay-*``) on a model folder of ``models.py`` with ``--load-format
-dummy`` (SGLang's seeded dummy weights: the same in every variant) and ``--skip-tokenizer-init``,
+dummy`` and, by default, ``seeded_weights.py``'s values in place of SGLang's dummy ones (the same in every
+variant; SGLang's own give flat logits, tokens that hardly depend on the prompt) and ``--skip-tokenizer-init``,
 waits for it, sends the same requests to ``/generate``, and stops it. The requests:
 
 - ``single``: one request alone (batch 1);
@@ -46,9 +47,14 @@ import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import models  # noqa: E402
+import seeded_weights  # noqa: E402
+
+SEEDED_INIT = pathlib.Path(__file__).resolve().parent / "seeded_init"
 
 VARIANTS = {
     "sglang": [],
+    # the same server again: how far two runs of SGLang's own path differ (the floor of every comparison)
+    "sglang-repeat": [],
     "replay-fp32": ["--replay-ssm"],
     "replay-fp8": ["--replay-ssm", "--replay-read-format", "fp8"],
     "replay-nvfp4": ["--replay-ssm", "--replay-read-format", "nvfp4"],
@@ -83,6 +89,17 @@ def server_args(model_dir: pathlib.Path, family: str, port: int, args) -> list[s
     if family != "mamba2":
         flags += ["--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend", "triton"]
     return flags + args.sglang_arg
+
+
+def server_env(args) -> dict:
+    """The server's environment: with ``--weights seeded``, ``seeded_init`` first on ``PYTHONPATH`` and
+    the seed in ``REPLAYSSM_SEEDED_WEIGHTS`` (see ``seeded_weights.py``)."""
+    env = dict(os.environ)
+    env.pop(seeded_weights.ENV_VAR, None)
+    if args.weights == "seeded":
+        env["PYTHONPATH"] = os.pathsep.join([str(SEEDED_INIT), *filter(None, [env.get("PYTHONPATH")])])
+        env[seeded_weights.ENV_VAR] = str(args.seed)
+    return env
 
 
 def post(port: int, payload: dict, timeout: float = 600) -> dict:
@@ -142,7 +159,7 @@ def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args
     log.flush()
     t0 = time.time()
     print(f"  {model} {name}: starting on port {port}", flush=True)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=server_env(args))
     try:
         wait_ready(proc, port, deadline.left(args.start_timeout))
         result["start_s"] = round(time.time() - t0, 1)
@@ -224,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-timeout", type=float, default=420)
     ap.add_argument("--parallel", type=int, default=1, help="servers running at once")
     ap.add_argument("--deadline", type=float, default=None, help="seconds after which nothing more runs")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the weights' seed (and the prompts')")
+    ap.add_argument("--weights", choices=["seeded", "sglang-dummy"], default="seeded",
+                    help="seeded: seeded_weights.py's (a trained model's scale); sglang-dummy: SGLang's own "
+                         "dummy values (flat logits: tokens that hardly depend on the prompt)")
     ap.add_argument("--no-prefill-graph", action="store_true",
                     help="every variant without SGLang's prefill CUDA graph (starts faster; decode graphs stay)")
     ap.add_argument("--sglang-arg", action="append", default=[], help="one more SGLang flag or value (repeatable)")
