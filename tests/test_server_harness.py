@@ -102,8 +102,9 @@ def test_comparison_counts_identical_requests_and_the_first_difference():
     assert wave["logprob_diff_max"] == 0.5 and wave["logprob_diff_mean"] == pytest.approx((0 + 0.25 + 0 + 0.5) / 4)
 
 
-PUBLISHED = {"nemotron-h-8b": "nemotron-h", "qwen3-next": "qwen3.5", "kimi-linear": "kimi-linear"}
-SSM_LAYERS = {"nemotron-h-8b": 24, "qwen3-next": 6, "kimi-linear": 6}
+PUBLISHED = {"nemotron-h-8b": "nemotron-h", "qwen3-next": "qwen3.5", "kimi-linear": "kimi-linear",
+             "qwen3.5-9b": "qwen3.5", "kimi-linear-dense": "kimi-linear"}
+SSM_LAYERS = {"nemotron-h-8b": 24, "qwen3-next": 6, "kimi-linear": 6, "qwen3.5-9b": 6, "kimi-linear-dense": 6}
 
 
 @pytest.mark.parametrize("name", sorted(models.CONFIGS))
