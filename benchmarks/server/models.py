@@ -64,7 +64,8 @@ CONFIGS["qwen3.5-9b"] = dict(
     architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", vocab_size=248320, hidden_size=4096,
     intermediate_size=12288, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
     hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, partial_rotary_factor=0.25,
-    rope_theta=10000000.0, full_attention_interval=4, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+    rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25),
+    full_attention_interval=4, linear_conv_kernel_dim=4, linear_key_head_dim=128,
     linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32, attn_output_gate=True,
     layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 2,
     tie_word_embeddings=False, torch_dtype="bfloat16", bos_token_id=248044, eos_token_id=248044)
