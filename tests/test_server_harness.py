@@ -221,3 +221,24 @@ def test_seeded_init_replaces_sglangs_dummy_initializer_only_when_asked(tmp_path
                          cwd=tmp_path)
     assert off.returncode == 0, off.stderr[-3000:]
     assert off.stdout.split()[-2:] == ["sglang.srt.model_loader.weight_utils", "True"]
+
+
+def test_bf16_steps_and_the_table_read_what_the_results_say(tmp_path):
+    assert check_server.bf16_ulp(-8.0) == 2.0 ** -4 and check_server.bf16_ulp(-7.99) == 2.0 ** -5
+    assert check_server.bf16_ulp(0.5) == 2.0 ** -8
+
+    def res(*reqs):
+        return dict(single=[dict(output_ids=reqs[0][0], logprobs=reqs[0][1])],
+                    wave=[dict(output_ids=i, logprobs=lp) for i, lp in reqs])
+
+    ref = res(([1, 2, 3], [-8.0, -8.0, -8.0]), ([4, 5], [-5.0, -5.0]))
+    near = res(([1, 2, 3], [-8.0, -8.0625, -8.0]), ([4, 6], [-5.0625, -5.0]))   # one step; two steps
+    c = check_server.compare(ref, near)["wave"]
+    assert c["identical"] == 1 and c["first_difference_at"] == [1] and c["tokens_compared"] == 4
+    assert c["within_one_bf16_step"] == 0.75 and c["logprob_diff_max"] == 0.0625
+    path = tmp_path / "server-m.json"
+    path.write_text(json.dumps(dict(model="m", results={"sglang": ref, "replay-fp32": near,
+                                                         "replay-nvfp4": dict(error="RuntimeError: boom")})))
+    rows = check_server.table([path]).splitlines()
+    assert rows[2] == "| m | replay-fp32 | identical | 1/2 | 1 | 4 | 0.031 / 0.062 | 75 % |"
+    assert rows[3].startswith("| m | replay-nvfp4 | RuntimeError: boom |")

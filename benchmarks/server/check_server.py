@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import math
 import os
 import pathlib
 import queue
@@ -193,13 +194,22 @@ def jobs_in_order(model_names: list[str], variants: list[str]) -> list[tuple[str
     return [(m, v) for v in variants for m in model_names]
 
 
+def bf16_ulp(x: float) -> float:
+    """The spacing of bfloat16 values at ``x`` (8 significant bits): what one rounding step of a bf16
+    logit moves its logprob by, at most."""
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0 ** -133
+
+
 def compare(ref: dict, got: dict) -> dict:
-    """Token agreement and logprob difference of ``got`` against ``ref``, per wave."""
+    """Token agreement and logprob difference of ``got`` against ``ref``, per wave: the requests whose
+    tokens are identical, the first differing position of each other one, and over the tokens both
+    produced before that position the mean and largest logprob difference and the share of tokens
+    within one bf16 step of ``ref``'s logprob."""
     out = {}
     for wave in ("single", "wave"):
         if wave not in ref or wave not in got:
             continue
-        same, first_diff, diffs = 0, [], []
+        same, first_diff, diffs, steps = 0, [], [], []
         for a, b in zip(ref[wave], got[wave]):
             n = next((i for i, (x, y) in enumerate(zip(a["output_ids"], b["output_ids"])) if x != y), None)
             if n is None and len(a["output_ids"]) == len(b["output_ids"]):
@@ -207,18 +217,71 @@ def compare(ref: dict, got: dict) -> dict:
             else:
                 first_diff.append(n)
             common = n if n is not None else len(a["output_ids"])
-            diffs += [abs(x - y) for x, y in zip(a["logprobs"][:common], b["logprobs"][:common])]
+            for x, y in zip(a["logprobs"][:common], b["logprobs"][:common]):
+                diffs.append(abs(x - y))
+                steps.append(abs(x - y) / bf16_ulp(x))
         out[wave] = dict(requests=len(ref[wave]), identical=same, first_difference_at=first_diff,
                          tokens_compared=len(diffs), logprob_diff_mean=sum(diffs) / max(len(diffs), 1),
-                         logprob_diff_max=max(diffs, default=0.0))
+                         logprob_diff_max=max(diffs, default=0.0),
+                         within_one_bf16_step=sum(d <= 1.0 for d in steps) / max(len(steps), 1))
     return out
 
 
-def write_model(out: pathlib.Path, model: str, variants: list[str], results: dict) -> None:
+def table(paths: list[pathlib.Path]) -> str:
+    """A markdown table of ``server-<model>.json`` files: per model and variant, against the first
+    variant, batch 1 and the concurrent wave."""
+    rows = ["| model | variant | batch 1: first difference | wave: identical | wave: median first difference | "
+            "tokens compared | logprob diff mean / max | within one bf16 step |", "|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        data = json.loads(path.read_text())
+        names = list(data["results"])
+        ref = data["results"][names[0]]
+        for name in names[1:]:
+            c = compare(ref, data["results"][name])
+            if "wave" not in c:
+                rows.append(f"| {data['model']} | {name} | {data['results'][name].get('error', 'not run')} |"
+                            " | | | | |")
+                continue
+            one, w = c["single"], c["wave"]
+            first = [x for x in w["first_difference_at"] if x is not None]
+            median = sorted(first)[len(first) // 2] if first else "–"
+            at = "identical" if one["identical"] else f"token {one['first_difference_at'][0]}"
+            rows.append(f"| {data['model']} | {name} | {at} | {w['identical']}/{w['requests']} | {median} | "
+                        f"{w['tokens_compared']} | {w['logprob_diff_mean']:.3f} / {w['logprob_diff_max']:.3f} | "
+                        f"{100 * w['within_one_bf16_step']:.0f} % |")
+    return "\n".join(rows)
+
+
+def run_meta(args) -> dict:
+    """Where and with what a run ran: date, GPU, package versions, the tree's commit, the weights."""
+    import importlib.metadata as md
+
+    import torch
+
+    def version(dist: str) -> str:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return "absent"
+
+    commit = os.environ.get("REPLAYSSM_COMMIT")
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=pathlib.Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+        except (OSError, subprocess.TimeoutExpired):
+            commit = "unknown"
+    return dict(date=time.strftime("%Y-%m-%d", time.gmtime()), commit=commit,
+                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+                weights=f"{args.weights} (seed {args.seed})",
+                **{d: version(d) for d in ("sglang", "sglang-kernel", "torch", "triton", "transformers", "replayssm")})
+
+
+def write_model(out: pathlib.Path, model: str, variants: list[str], results: dict, meta: dict) -> None:
     """``out/server-<model>.json`` from the variants finished so far (compared with the first)."""
     ref = results.get(variants[0], {})
     summary = {name: compare(ref, r) for name, r in results.items() if name != variants[0]}
-    (out / f"server-{model}.json").write_text(json.dumps(dict(model=model, config=models.CONFIGS[model],
+    (out / f"server-{model}.json").write_text(json.dumps(dict(model=model, meta=meta, config=models.CONFIGS[model],
                                                               results=results, summary=summary)) + "\n")
 
 
@@ -248,7 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-prefill-graph", action="store_true",
                     help="every variant without SGLang's prefill CUDA graph (starts faster; decode graphs stay)")
     ap.add_argument("--sglang-arg", action="append", default=[], help="one more SGLang flag or value (repeatable)")
+    ap.add_argument("--table", nargs="+", type=pathlib.Path, metavar="JSON",
+                    help="print the markdown table of these server-<model>.json files and exit")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
     if args.parallel < 1:
         ap.error(f"--parallel: expected at least 1, got {args.parallel}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -257,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     reqs = {m: requests_for(models.CONFIGS[m]["vocab_size"], args.requests, args.seed) for m in args.models}
     results: dict[str, dict] = {m: {} for m in args.models}
     jobs = jobs_in_order(args.models, args.variants)
+    meta = run_meta(args)
     lock = threading.Lock()
     ports: queue.Queue = queue.Queue()
     for k in range(args.parallel):              # spaced out: SGLang takes a few ports after its own
@@ -276,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 all_logs.write(logged)
             results[model][name] = r
             write_model(args.out, model, args.variants, {v: results[model][v] for v in args.variants
-                                                         if v in results[model]})
+                                                         if v in results[model]}, meta)
         return r
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as ex:
