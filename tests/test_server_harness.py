@@ -242,3 +242,82 @@ def test_bf16_steps_and_the_table_read_what_the_results_say(tmp_path):
     rows = check_server.table([path]).splitlines()
     assert rows[2] == "| m | replay-fp32 | identical | 1/2 | 1 | 4 | 0.031 / 0.062 | 75 % |"
     assert rows[3].startswith("| m | replay-nvfp4 | RuntimeError: boom |")
+
+
+def test_serving_tokenizer_round_trips_every_id_through_transformers(tmp_path):
+    from transformers import AutoTokenizer
+
+    import bench_serving
+
+    bench_serving.write_tokenizer(tmp_path, 1000)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert len(tok) == 1000
+    ids = [0, 1, 7, 999, 512, 512]
+    text = tok.decode(ids)
+    assert text == "t0 t1 t7 t999 t512 t512"
+    assert tok.encode(text, add_special_tokens=False) == ids
+
+
+@pytest.mark.parametrize("workload", ["decode", "prefix"])
+@pytest.mark.parametrize("tree", ["installed", "0.5.17"])
+def test_serving_client_command_is_one_sglangs_client_accepts(tmp_path, workload, tree):
+    """SGLang's own client parses the command and gets as far as waiting for the server (none runs).
+    The client's dataset package imports Hugging Face ``datasets`` for datasets these commands do not
+    use; where it is not installed, a module that raises on use stands in for it."""
+    pytest.importorskip("sglang")
+    import importlib.util
+
+    import bench_serving
+
+    env = dict(__import__("os").environ)
+    path = []
+    if importlib.util.find_spec("datasets") is None:
+        (tmp_path / "stand_in" / "datasets").mkdir(parents=True)
+        (tmp_path / "stand_in" / "datasets" / "__init__.py").write_text(
+            "def load_dataset(*args, **kwargs):\n    raise NotImplementedError('datasets is not installed')\n")
+        path.append(str(tmp_path / "stand_in"))
+    if tree == "0.5.17":
+        site = ROOT / "build" / "sglang-0.5.17"
+        if not (site / "sglang" / "benchmark" / "serving.py").exists():
+            pytest.skip("build/sglang-0.5.17 is built by make")
+        path.insert(0, str(site))
+    env["PYTHONPATH"] = __import__("os").pathsep.join(path + [env.get("PYTHONPATH", "")])
+    bench_serving.write_tokenizer(tmp_path, 5000)
+    args = bench_serving.main.__globals__["argparse"].Namespace(
+        workload=workload, seed=0, waves=2, input_len=64, output_len=16, groups=2, prompts_per_group=2,
+        prefix_len=64, question_len=8)
+    cmd = bench_serving.client_command(1, tmp_path, 4, tmp_path / "out.jsonl", args) + ["--ready-check-timeout-sec", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    text = out.stdout + out.stderr
+    assert "unrecognized arguments" not in text and "invalid choice" not in text, text[-3000:]
+    assert "benchmark_args=" in out.stdout, text[-3000:]
+    assert out.returncode != 0 and not (tmp_path / "out.jsonl").exists()
+
+
+def test_serving_runs_each_variant_its_family_serves_and_writes_rows(tmp_path, monkeypatch):
+    import bench_serving
+
+    calls = []
+
+    def fake(model, model_dir, variant, strategy, args, log):
+        calls.append((model, variant, strategy))
+        assert (model_dir / "tokenizer.json").exists() and (model_dir / "config.json").exists()
+        return [dict(model=model, variant=variant, radix=strategy, workload=args.workload, concurrency=c,
+                     output_throughput=100.0 * c) for c in args.concurrency]
+
+    monkeypatch.setattr(bench_serving, "serve_and_measure", fake)
+    monkeypatch.setattr(bench_serving.models, "CONFIGS", dict(bench_serving.models.CONFIGS))
+    for name in ("nemotron-h-8b", "kimi-linear"):
+        bench_serving.models.CONFIGS[name] = dict(bench_serving.models.CONFIGS[name], vocab_size=300)
+    rc = bench_serving.main(["--models", "nemotron-h-8b", "kimi-linear", "--variants", "sglang", "sglang-replay",
+                             "replay-nvfp4", "--concurrency", "1", "4", "--out", str(tmp_path / "out"),
+                             "--models-dir", str(tmp_path / "models")])
+    assert rc == 0
+    assert calls == [("nemotron-h-8b", "sglang", "no_buffer"), ("nemotron-h-8b", "replay-nvfp4", "no_buffer"),
+                     ("kimi-linear", "sglang", "no_buffer"), ("kimi-linear", "sglang-replay", "no_buffer"),
+                     ("kimi-linear", "replay-nvfp4", "no_buffer")]
+    data = json.loads((tmp_path / "out" / "serving-kimi-linear.json").read_text())
+    assert [(r["variant"], r["concurrency"]) for r in data["rows"]] == [
+        ("sglang", 1), ("sglang", 4), ("sglang-replay", 1), ("sglang-replay", 4), ("replay-nvfp4", 1),
+        ("replay-nvfp4", 4)]
+    assert "sglang" in data["meta"] and (tmp_path / "out" / "serving.png").stat().st_size > 1000
