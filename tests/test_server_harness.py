@@ -321,3 +321,25 @@ def test_serving_runs_each_variant_its_family_serves_and_writes_rows(tmp_path, m
         ("sglang", 1), ("sglang", 4), ("sglang-replay", 1), ("sglang-replay", 4), ("replay-nvfp4", 1),
         ("replay-nvfp4", 4)]
     assert "sglang" in data["meta"] and (tmp_path / "out" / "serving.png").stat().st_size > 1000
+
+
+def test_serving_server_flags_are_sglang_0517s_and_capture_the_loads_batch_sizes(tmp_path):
+    """SGLang 0.5.17's own parser takes every flag the serving benchmark gives its servers."""
+    site = ROOT / "build" / "sglang-0.5.17"
+    if not (site / "sglang" / "srt" / "server_args.py").exists():
+        pytest.skip("build/sglang-0.5.17 is built by make")
+    import bench_serving
+
+    args = bench_serving.main.__globals__["argparse"].Namespace(
+        concurrency=[1, 48, 256], input_len=512, output_len=256, workload="decode", mem_fraction=0.88,
+        no_prefill_graph=True, sglang_arg=[], groups=8, prompts_per_group=32, prefix_len=2048, question_len=128)
+    flags = bench_serving.server_flags(tmp_path, "gdn", 30000, "no_buffer", args)
+    i = flags.index("--cuda-graph-bs-decode")
+    assert flags[i + 1:i + 11] == ["1", "2", "4", "8", "16", "32", "48", "64", "128", "256"]
+    probe = ("import sys, argparse\nfrom sglang.srt.server_args import ServerArgs\n"
+             "p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)\n"
+             "a = p.parse_args(sys.argv[1:])\nprint(a.cuda_graph_bs_decode, a.mamba_radix_cache_strategy)\n")
+    out = subprocess.run([sys.executable, "-c", probe, *flags], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "PYTHONPATH": str(site)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["256]", "no_buffer"]

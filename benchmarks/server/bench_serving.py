@@ -67,13 +67,15 @@ def write_tokenizer(folder: pathlib.Path, vocab_size: int) -> None:
 def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str, args) -> list[str]:
     """SGLang flags every variant shares at one radix strategy (the launcher adds what replay needs)."""
     running = max(args.concurrency)
+    # decode graphs for the loads' batch sizes and the powers of two below (batches between pad up)
+    graph_bs = sorted({1 << i for i in range(running.bit_length()) if 1 << i <= running} | set(args.concurrency))
     tokens = running * (args.input_len + args.output_len) + 8192
     if args.workload == "prefix":
         tokens = max(tokens, args.groups * (args.prefix_len + args.prompts_per_group * (args.question_len
                                                                                           + args.output_len)))
     flags = ["--model-path", str(model_dir), "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(port),
              "--attention-backend", check_server.ATTENTION[family], "--mem-fraction-static", str(args.mem_fraction),
-             "--max-running-requests", str(running), "--cuda-graph-max-bs", str(running),
+             "--max-running-requests", str(running), "--cuda-graph-bs-decode", *map(str, graph_bs),
              "--max-total-tokens", str(tokens), "--max-mamba-cache-size", str(running + running // 4 + 8),
              "--context-length", str(args.prefix_len + args.question_len + args.output_len + 64
                                      if args.workload == "prefix" else args.input_len + args.output_len + 64),
