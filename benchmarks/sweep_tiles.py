@@ -28,11 +28,11 @@ candidate (the candidates must agree):
 - verify_fold: the same verify on the checkpoint, and one without flush rows, over the verify tiles:
   the tile in use, the same with its fold flipped (fold=True: the verify kernel folds its flush
   rows; fold=False: the flush pass does), then the verify candidates;
-- flush_replay_vk, verify_flush_vk (GDN / KDA): flush_replay's columns, then the same with an fp8
-  read copy, and verify_flush's behind NVFP4 (all, half) and fp8 (half), on a [S, HV, V, K]
-  checkpoint; the first row is the same step on [S, HV, K, V] with the kv tile in use (the layout
-  the vk rows should match), then the candidates: kl=0 (the checkpoint tile as one [K, BV] load,
-  as before these kinds), the tile in use, other kl, rows / warps, stages, row_programs.
+- flush_replay_vk, verify_flush_vk (GDN / KDA): flush_replay's columns, then the flush and
+  staggered steps behind an fp8 read copy, and verify_flush's behind NVFP4 (all, half), on a
+  [S, HV, V, K] checkpoint; the first row is the same step on [S, HV, K, V] at the kv tile in use
+  (what the vk rows should match), then the candidates: kl=0 (the checkpoint tile as one [K, BV]
+  load, as before these kinds), the tile in use, other kl, rows / warps, stages, row_programs.
 A step with flush rows is timed without moving the cursors, so every call folds the same window
 into the checkpoint again: there the candidates' outputs drift apart with the number of calls timed,
 and the max |dy| column holds that drift too (the kernel tests check the tiles' results).
@@ -198,7 +198,7 @@ SETUPS = {"decode": _DECODE, "decode_vk": _DECODE, "read_fp8": [("w=7", "fp8", 1
                               ("staggered", "nvfp4", 1, None), ("fp8 flush", "fp8", 1, WINDOW - 1),
                               ("fp8 staggered", "fp8", 1, None)],
           "verify_flush_vk": [("nvfp4 all", "nvfp4", VERIFY_T, WINDOW - VERIFY_T),
-                              ("nvfp4 half", "nvfp4", VERIFY_T, None), ("fp8 half", "fp8", VERIFY_T, None)]}
+                              ("nvfp4 half", "nvfp4", VERIFY_T, None)]}
 ROWS: list[dict] = []   # every timed row, for --json
 
 
