@@ -110,7 +110,8 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
 
     ``kernels``: (decode, verify, flush) Triton functions of the family; ``vk``: the checkpoint's
     key channels are contiguous (a framework's ``[S, HV, V, K]`` tensor), which has its own decode
-    and flush tiles."""
+    and flush tiles, and behind a read copy its own replay tiles (``flush_replay_vk``,
+    ``verify_flush_vk``: the flush passes, the only ones that read the checkpoint there)."""
     tiles = {**TILES["delta"], **TILES["kda"]} if family == "kda" else TILES[family]
     vk_tile = vk and const["READ_FMT"] == 0
     fold = tiles["decode_vk" if vk_tile else "decode"]
@@ -123,7 +124,7 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     ver = tiles["verify" if const["READ_FMT"] == 0 else "verify_read"]
     tt = max(ver.get("tokens", 2), triton.next_power_of_2(T)) if T != 1 else 1   # the verify's padded tokens
     replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
-    # a replay on a [S, HV, V, K] checkpoint moves the checkpoint as rows of `kl` key channels
+    # a replay on a [S, HV, V, K] checkpoint moves the checkpoint in runs of `kl` key channels
     suffix = "_vk" if vk and replay else ""
     flush = tiles[("verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush")
                   + suffix]
