@@ -39,7 +39,8 @@ and the max |dy| column holds that drift too (the kernel tests check the tiles' 
 decode, flush and flush_replay also time the staggered step (row r holds r mod 16 entries, so
 1/16 of the rows flush: the serving steady state, where a flush pass's rows are few).
 Decode, read and flush size the ring for decode only (no draft tokens), as bench_decode does.
-``--json`` also writes every row (model, kind, layout, tile, column times, max |dy|). The chosen
+``--json`` also writes every row (model, kind, layout, tile, column times, max |dy|), after each
+row. The chosen
 entries go into ``ops.TILES`` by hand.
 """
 
@@ -200,6 +201,16 @@ SETUPS = {"decode": _DECODE, "decode_vk": _DECODE, "read_fp8": [("w=7", "fp8", 1
           "verify_flush_vk": [("nvfp4 all", "nvfp4", VERIFY_T, WINDOW - VERIFY_T),
                               ("nvfp4 half", "nvfp4", VERIFY_T, None)]}
 ROWS: list[dict] = []   # every timed row, for --json
+JSON_PATH: str | None = None
+TILES_IN_USE = json.loads(json.dumps(ops.TILES))   # before the sweep sets candidates
+
+
+def _dump(batch):
+    """Write the rows so far to --json (after every row: a run cut short keeps what it timed)."""
+    if JSON_PATH:
+        with open(JSON_PATH, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                           batch=batch, tiles=TILES_IN_USE, rows=ROWS), f, indent=1)
 
 
 def _time(spec, batch, read_format, T, fill, state_layout="kv", q_dtype=None):
@@ -258,6 +269,7 @@ def sweep(name, batch, kinds, pick=None, q_dtype=None):
             except Exception as e:  # a candidate that does not compile is reported, not fatal
                 print(" " * 9 + f"failed: {e!r}  {layout:>6} {shown}", flush=True)
                 ROWS.append(dict(model=name, batch=batch, kind=kind, layout=layout, tile=shown, failed=repr(e)))
+            _dump(batch)
             torch.cuda.empty_cache()
         if key in saved:
             table[key] = saved[key]
@@ -284,12 +296,10 @@ def main():
     if not all(2 <= t <= VERIFY_T for t in tokens):
         ap.error(f"--verify-tokens: expected token counts in 2..{VERIFY_T}, got {args.verify_tokens!r}")
     SETUPS.update(verify_setups(tokens))
+    global JSON_PATH
+    JSON_PATH = args.json
     for name in args.models.split(","):
         sweep(name, args.batch, args.kinds.split(","), pick, getattr(torch, args.q_dtype))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                           batch=args.batch, tiles=ops.TILES, rows=ROWS), f, indent=1)
 
 
 if __name__ == "__main__":
