@@ -165,7 +165,7 @@ CANDIDATES["delta"]["decode_vk"] += [dict(ops.TILES["kda"]["decode_vk"], fold_st
 # the replay behind a read copy on a [S, HV, V, K] checkpoint: kl=0 (one [K, BV] load, all of a warp's lanes over
 # K), the tile in use, then one change at a time
 _tile = ops.TILES["delta"]["flush_replay_vk"]
-CANDIDATES["delta"]["flush_replay_vk"] = [dict(_tile, kl=0), dict(_tile), dict(_tile, kl=16), dict(_tile, kl=64),
+CANDIDATES["delta"]["flush_replay_vk"] = [dict(_tile, kl=0), dict(_tile), dict(_tile, kl=16),
                                           dict(_tile, rows=32, num_warps=2), dict(_tile, stages=1),
                                           dict(_tile, row_programs=16)]
 _tile = ops.TILES["delta"]["verify_flush_vk"]
