@@ -165,11 +165,11 @@ CANDIDATES["delta"]["decode_vk"] += [dict(ops.TILES["kda"]["decode_vk"], fold_st
 # the replay behind a read copy on a [S, HV, V, K] checkpoint: kl=0 (one [K, BV] load, all of a warp's lanes over
 # K), the tile in use, then one change at a time
 _tile = ops.TILES["delta"]["flush_replay_vk"]
-CANDIDATES["delta"]["flush_replay_vk"] = [dict(_tile, kl=0), dict(_tile), dict(_tile, kl=16),
+CANDIDATES["delta"]["flush_replay_vk"] = [dict(_tile, kl=0), dict(_tile), dict(_tile, kl=32),
                                           dict(_tile, rows=32, num_warps=2), dict(_tile, stages=1),
                                           dict(_tile, row_programs=16)]
 _tile = ops.TILES["delta"]["verify_flush_vk"]
-CANDIDATES["delta"]["verify_flush_vk"] = [dict(_tile, kl=0), dict(_tile), dict(_tile, kl=16),
+CANDIDATES["delta"]["verify_flush_vk"] = [dict(_tile, kl=0), dict(_tile), dict(_tile, kl=32),
                                           dict(_tile, rows=32, num_warps=2), dict(_tile, row_programs=4)]
 # the _vk kinds whose first row is the same step on a [S, HV, K, V] checkpoint at the kv kind's tile in use
 KV_ROW = {"flush_replay_vk": "flush_replay", "verify_flush_vk": "verify_flush"}
