@@ -50,7 +50,8 @@ _compiled: set = set()
 # 16 words for tl.dot; smaller states pad with zero words; `dot`: the products' precision),
 # `verify_read` behind an fp8 / NVFP4 read copy; verify_flush is its flush pass (and the flush-only
 # launch's). `flush_replay_vk` / `verify_flush_vk`: the replay behind a read copy on a [S, HV, V, K]
-# checkpoint, which moves the checkpoint as runs of `kl` contiguous key channels, so that the
+# checkpoint, which moves the checkpoint as runs of `kl` contiguous key channels (2 `kl` for a 16-bit
+# checkpoint: the same bytes), so that the
 # replay's reductions over K stay mostly within a thread (the read-copy decode and verify passes
 # read only the copy, whose layout is [V, K] whatever the checkpoint's). A flush pass
 # launches `row_programs` programs per (tile, head), which share the step's flush rows (found by
@@ -131,8 +132,8 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     flush = dict(flush, RP=flush["row_programs"], RB=FLUSH_SCAN_ROWS)
     if family == "mamba2":
         flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
-    else:
-        flush = dict(flush, KL=min(flush.get("kl", 0), cols))
+    else:   # `kl` counts fp32 channels: a 16-bit checkpoint's runs take as many bytes, twice the channels
+        flush = dict(flush, KL=min(flush.get("kl", 0) * (1 if const["CKPT_FMT"] == 0 else 2), cols))
     if T == 0:                                                        # flush-only: the flush pass alone
         plan = []
     elif T > 1:
