@@ -163,12 +163,12 @@ for _fam in ("mamba2", "delta"):
     CANDIDATES[_fam]["verify"] += [dict(_tile, tokens=n) for n in (2, 8, 16) if n != _tile.get("tokens", 2)]
 CANDIDATES["delta"]["decode_vk"] += [dict(ops.TILES["kda"]["decode_vk"], fold_stages=fs) for fs in (4, 1, 2, 3)]
 # the replay behind a read copy on a [S, HV, V, K] checkpoint: kl=0 (one [K, BV] load, all of a warp's lanes over
-# K), the tile in use, then one change at a time
-_tile = ops.TILES["delta"]["flush_replay_vk"]
+# K), runs of 16 and 32 key channels, then one change at a time from the runs of 16
+_tile = dict(ops.TILES["delta"]["flush_replay_vk"], kl=16)
 CANDIDATES["delta"]["flush_replay_vk"] = [dict(_tile, kl=0), dict(_tile), dict(_tile, kl=32),
                                           dict(_tile, rows=32, num_warps=2), dict(_tile, stages=1),
                                           dict(_tile, row_programs=16)]
-_tile = ops.TILES["delta"]["verify_flush_vk"]
+_tile = dict(ops.TILES["delta"]["verify_flush_vk"], kl=16)
 CANDIDATES["delta"]["verify_flush_vk"] = [dict(_tile, kl=0), dict(_tile), dict(_tile, kl=32),
                                           dict(_tile, rows=32, num_warps=2), dict(_tile, row_programs=4)]
 # the _vk kinds whose first row is the same step on a [S, HV, K, V] checkpoint at the kv kind's tile in use
