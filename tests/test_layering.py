@@ -11,7 +11,7 @@ def _imports_after(stmt: str) -> set[str]:
 
 
 def test_core_imports_no_triton_or_framework():
-    mods = _imports_after("import replayssm, replayssm.backend_reference, replayssm.formats, replayssm.demo")
+    mods = _imports_after("import replayssm, replayssm.backend, replayssm.formats, replayssm.demo")
     banned = {"triton", "sglang", "tensorrt", "tensorrt_llm", "transformers"}
     assert not {m.split(".")[0] for m in mods} & banned
 

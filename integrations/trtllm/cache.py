@@ -108,7 +108,7 @@ class ReplayMambaStates:
 
     def get_ssm_states(self, layer: int) -> torch.Tensor:
         """TRT-LLM's state tensor of ``layer`` ``[slots, *state]`` (for its prefill kernels)."""
-        self.pool._layer(layer)
+        self.pool.check_layer(layer)
         return self.ssm_states[layer]
 
     def after_prefill(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
