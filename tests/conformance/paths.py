@@ -165,12 +165,12 @@ _STEP_STATE = ("checkpoint", "count", "origin", "epoch", "slots", "out")
 
 def trt_ptx_uncovered(case: Case) -> str | None:
     """Why the TensorRT plugin layers cannot run ``case`` as scripted, or None. Their inputs are
-    fixed by ``aot.step_buffers``: every step input in the dtype declared there (Mamba-2's D and
+    fixed by ``steps.step_buffers``: every step input in the dtype declared there (Mamba-2's D and
     dt_bias present), and a GDN / KDA ``scale`` equal to the compiled-in ``head_k_dim ** -0.5``."""
-    from replayssm.integrations.trtllm import aot
+    from replayssm.integrations.trtllm import steps
     for j, step in enumerate(s for s in case.steps if s.kind in ("decode", "verify")):
         has_z = case.family == "mamba2" and step.inputs.get("z") is not None
-        for name, (_, dtype) in aot.step_buffers(case.spec, case.cfg, step.tokens or 1, has_z=has_z).items():
+        for name, (_, dtype) in steps.step_buffers(case.spec, case.cfg, step.tokens or 1, has_z=has_z).items():
             if name in _STEP_STATE or name.startswith(("ring_", "read_")):
                 continue
             value = step.inputs.get(name)
@@ -195,7 +195,7 @@ def _ptx_step(spec, cfg, op: str, tokens: int, has_z: bool, device: torch.device
 
 def _plugin_buffers(pool: rs.StatePool, slots: torch.Tensor, inputs: dict, out: torch.Tensor) -> dict:
     """Layer 0's checkpoint, read copy, rings and cursors and one step's tensors (token axis
-    included), by ``aot.step_buffers`` name (and ``pending``)."""
+    included), by ``steps.step_buffers`` name (and ``pending``)."""
     bufs = {"checkpoint": pool.checkpoint[0], "slots": slots, "out": out}
     bufs.update({f"read_{k}": v[0] for k, v in pool.read.items()})
     bufs.update({f"ring_{k}": v[0] for k, v in pool.ring.items()})
@@ -315,7 +315,7 @@ def _sglang_step(case: Case, step: Step, temporal: torch.Tensor, slots: torch.Te
 
 def run_sglang(case: Case, backend: str) -> Trace:
     """The plugin's pool inside SGLang's ``HybridReqToTokenPool``: slots from SGLang's allocator,
-    the prefill write + ``after_prefill``, steps through SGLang's call sites (Mamba-2
+    the prefill write + its refresh (``extend end``), steps through SGLang's call sites (Mamba-2
     ``selective_state_update``; GDN / KDA ``packed_decode`` and ``target_verify`` of SGLang's
     kernel classes), fork as SGLang's ``copy_from`` and flush as ``get_cpu_copy`` (both flush
     their sources first), commit on the pool's StatePool (what ``commit_after_verify`` ends with)."""
