@@ -193,8 +193,15 @@ def test_pool_wraps_sglang_temporal_without_copy(replay_on):
     assert mp.replay.read["codes"].dtype == torch.float8_e4m3fn
 
 
-def test_no_per_draft_snapshots_are_allocated_under_replay():
+def test_no_per_draft_snapshots_are_allocated_under_replay(monkeypatch):
     from sglang.srt.mem_cache import memory_pool
+    seen, init = [], memory_pool.MambaPool.__init__
+
+    def watched(self, **kwargs):                                # SGLang's module keeps its own torch throughout
+        seen.append(memory_pool.torch is torch)
+        init(self, **kwargs)
+
+    monkeypatch.setattr(memory_pool.MambaPool, "__init__", watched)
     plain = _req_pool(draft_tokens=3).mamba_pool               # SGLang's own pool: [layers, 9, 3, H, P, N] snapshots
     assert tuple(plain.mamba_cache.intermediate_ssm.shape) == (len(LAYERS), 9, 3, H, P, N)
     hooks.install(rs.ReplayConfig(window=4, ring_dtype="float32"))
@@ -202,7 +209,7 @@ def test_no_per_draft_snapshots_are_allocated_under_replay():
         mp = _req_pool(draft_tokens=3).mamba_pool
     finally:
         hooks.uninstall()
-    assert memory_pool.torch is torch                         # the allocation guard is gone again
+    assert memory_pool.torch is torch and seen == [True, True]
     # a stand-in of no slots: no bytes, but present per layer (SGLang's GDN / KDA verify require it)
     assert tuple(mp.mamba_cache.intermediate_ssm.shape) == (len(LAYERS), 0, 3, H, P, N)
     assert mp.mamba2_layer_cache(0).intermediate_ssm.numel() == 0

@@ -176,37 +176,38 @@ def replay_budget(cfg: ReplayConfig, handle):
     return _handle_max_mamba_cache
 
 
+class _WithoutAllocation(torch.overrides.TorchFunctionMode):
+    """A torch function mode in which ``torch.zeros`` of exactly ``shape`` (the per-draft
+    ``intermediate_ssm`` snapshots ``[layers, slots, T, ...]``) returns a placeholder of no slots
+    ``[layers, 0, T, ...]`` instead of allocating (``skipped`` counts them); every other torch call
+    runs as it would. Active on the constructing thread only, around ``MambaPool.__init__``."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        super().__init__()
+        self.shape, self.skipped = shape, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.zeros:
+            size = kwargs.get("size", args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args)
+            if tuple(size) == self.shape:
+                self.skipped += 1
+                # no bytes, but one (empty) entry per layer: SGLang indexes it by layer
+                return torch.empty((self.shape[0], 0, *self.shape[2:]), dtype=kwargs.get("dtype"),
+                                   device=kwargs.get("device"))
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def _without_allocation(shape: tuple[int, ...]):
-    """While SGLang's ``MambaPool.__init__`` runs: its module's ``torch.zeros`` of exactly ``shape``
-    (the per-draft ``intermediate_ssm`` snapshots ``[layers, slots, T, ...]``) returns a placeholder of
-    no slots ``[layers, 0, T, ...]`` instead of allocating, and must do so exactly once. Every other
-    name of ``torch`` there is torch's."""
-    from sglang.srt.mem_cache import memory_pool
-
-    skipped = []
-
-    class _Torch:
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        @staticmethod
-        def zeros(*args, **kwargs):
-            size = kwargs.get("size", args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args)
-            if tuple(size) == shape:
-                skipped.append(size)
-                # no bytes, but one (empty) entry per layer: SGLang indexes it by layer
-                return torch.empty((shape[0], 0, *shape[2:]), dtype=kwargs.get("dtype"), device=kwargs.get("device"))
-            return torch.zeros(*args, **kwargs)
-
-    original, memory_pool.torch = memory_pool.torch, _Torch()
-    try:
+    """While SGLang's ``MambaPool.__init__`` runs: its ``torch.zeros`` of exactly ``shape`` returns a
+    placeholder instead of allocating (``_WithoutAllocation``), and must do so exactly once."""
+    mode = _WithoutAllocation(shape)
+    with mode:
         yield
-    finally:
-        memory_pool.torch = original
-    if len(skipped) != 1:
+    if mode.skipped != 1:
         raise RuntimeError(f"sglang MambaPool: expected one per-draft snapshot allocation of shape {list(shape)} "
-                           f"to skip, saw {len(skipped)}; this SGLang is not a release the plugin serves")
+                           f"to skip, saw {mode.skipped}; this SGLang is not a release the plugin serves")
 
 
 def _key(state: torch.Tensor) -> tuple[int, tuple[int, ...]]:
