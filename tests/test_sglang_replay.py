@@ -74,11 +74,11 @@ class Run:
         self.twin.refresh(slots)
 
     def prefill(self, slots):
-        """What SGLang's prefill does: write ``temporal`` rows, then the mixer hook's after_prefill."""
+        """What SGLang's prefill does: write ``temporal`` rows, then the mixer hook's refresh (``extend end``)."""
         for layer in range(len(LAYERS)):
             state = torch.randn(slots.numel(), H, P, N, generator=self.gen) * 0.3
             self.mp.mamba_cache.temporal[layer][slots] = state
-            replay_pool.after_prefill(self.req_pool.mamba2_layer_cache(LAYERS[layer]).temporal, slots)
+            replay_pool.on_state("extend end", self.req_pool.mamba2_layer_cache(LAYERS[layer]).temporal, slots)
             self.twin.write_state(layer, slots, state)
             for i, s in enumerate(slots.tolist()):
                 self.oracle[layer, s] = state[i].double()
@@ -514,7 +514,7 @@ def test_finishing_request_slot_is_flushed_before_the_tree_takes_it(replay_on):
     for _ in range(6):
         run.decode(slot)
     assert mp.replay.cursors["count"][:, slot].eq(2).all()
-    replay_pool.flush_for_tree(run.req_pool, slot[0])
+    replay_pool.on_pool("tree donation", mp, run.req_pool.translate_mamba_indices(slot[0].view(1)))
     assert mp.replay.cursors["count"][:, slot].eq(0).all()
     for layer in range(len(LAYERS)):
         assert rms_ratio(mp.mamba_cache.temporal[layer, slot[0]], run.oracle[layer, slot.item()]) < TOL["float32"]

@@ -329,7 +329,7 @@ def run_sglang(case: Case, backend: str) -> Trace:
         first = req_pool.mamba_allocator.alloc(INIT_SEQS)
         init = case.init_state.transpose(-1, -2) if case.spec.is_delta else case.init_state
         temporal[first] = init.to(temporal.dtype)
-        replay_pool.after_prefill(temporal, first)
+        replay_pool.on_state("extend end", temporal, first)
         table = dict(enumerate(first.tolist()))
         trace = Trace([])
         with contextlib.ExitStack() as stack:
