@@ -357,9 +357,9 @@ def run_sglang(case: Case, backend: str) -> Trace:
 def run_trtllm(case: Case, backend: str = "reference") -> Trace:
     """TRT-LLM's PyTorch-backend adapter, ``ReplayMambaStates`` over a ``temporal`` laid out as
     TRT-LLM's (GDN / KDA ``[slots, HV, V, K]``): sequence i in slot i, padded rows as TRT-LLM's
-    shared padding slot, the prefill write + ``after_prefill``, ``decode`` / ``verify`` as the
-    layers' call sites make them, the commit as ``update_mamba_states`` and the flush as
-    ``materialize``. No fork: TRT-LLM copies no slots between requests."""
+    shared padding slot, the prefill write + ``refresh``, ``decode`` / ``verify`` as the
+    layers' call sites make them, the commit as ``update_mamba_states`` and ``flush``. No fork:
+    TRT-LLM copies no slots between requests."""
     from replayssm.integrations.trtllm.cache import ReplayMambaStates
     spec, cfg, pad = case.spec, case.cfg, case.num_seqs
     shape = spec.state_shape[:-2] + spec.state_shape[-2:][::-1] if spec.is_delta else spec.state_shape
@@ -368,14 +368,14 @@ def run_trtllm(case: Case, backend: str = "reference") -> Trace:
                                backend=backend, padding_slots=(pad,))
     first = torch.arange(INIT_SEQS, dtype=torch.int32)
     temporal[0, :INIT_SEQS] = (case.init_state.transpose(-1, -2) if spec.is_delta else case.init_state).to(temporal.dtype)
-    states.after_prefill(first, layer=0)
+    states.refresh(first, layer=0)
     trace = Trace([])
     for step in case.steps:
         slots = torch.tensor([r if r >= 0 else pad for r in step.rows], dtype=torch.int32)
         if step.kind == "fork":
             raise ValueError("case: TRT-LLM's adapter has no fork")
         if step.kind == "flush":
-            states.materialize(slots)
+            states.flush(slots)
             continue
         fn = states.decode if step.kind == "decode" else states.verify
         trace.outputs.append(fn(0, slots, out=_out(case, step), **step.inputs))
