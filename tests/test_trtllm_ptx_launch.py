@@ -33,10 +33,10 @@ def test_ptx_in_tensorrt_order_equals_ops(family, rf, ckpt, tmp_path):
     gen = torch.Generator().manual_seed(0)
     params = Params(spec, 1, gen)
     slots = torch.tensor([4, -1, 0, 2], dtype=torch.int64, device=dev)
-    steps = {}
+    ptx_steps = {}
     for op, T in (("decode", 1), ("verify", 3)):
         ptx_launch.save_step(ptx_launch.build_step(spec, cfg, op=op, tokens=T, layer=layer), tmp_path / op)
-        steps[op] = ptx_launch.PtxStep(ptx_launch.load_step(tmp_path / op))
+        ptx_steps[op] = ptx_launch.PtxStep(ptx_launch.load_step(tmp_path / op))
     state = {}
     for op, T in (("decode", 1),) * 4 + (("verify", 3),) + (("decode", 1),) * 2 + (("verify", 3),):
         bufs_spec = steps.step_buffers(spec, cfg, T, has_z=False)
@@ -60,7 +60,7 @@ def test_ptx_in_tensorrt_order_equals_ops(family, rf, ckpt, tmp_path):
         for path in ("ops", "ptx"):
             state[path].update({k: v.clone() for k, v in fresh.items()})
         _op_step(spec, cfg, state["ops"], committed=op == "decode", T=T, layer=layer)
-        steps[op](state["ptx"])
+        ptx_steps[op](state["ptx"])
         if op == "verify":
             acc = torch.tensor([2, 0, 3, 1], dtype=torch.int32, device=dev)
             for path in ("ops", "ptx"):

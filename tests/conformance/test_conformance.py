@@ -202,17 +202,17 @@ def test_trtllm_aot_plan(family, mode, monkeypatch):
     slot axis, scalar values such as strides, window and capacity); pointer element types
     too where the case uses the AOT build's bf16 ring. Loading
     the PTX through the driver needs a GPU and is not run here."""
-    from replayssm.integrations.trtllm import steps
+    from replayssm.integrations.trtllm import steps as trtllm_steps
     c, problems = case(family, mode), []
     dims = dict(family=family, **{k: v for k, v in vars(c.spec).items() if k != "family" and v})
-    monkeypatch.setitem(steps.MODELS, "conformance", dims)
+    monkeypatch.setitem(trtllm_steps.MODELS, "conformance", dims)
     launches = [lc for lc in trace("triton", family, mode).launches      # T = 0: StatePool.flush, not a step
                 if lc.op.endswith("_step") and lc.constexprs["T"] > 0]
     steps = [s for s in c.steps if s.kind in ("decode", "verify")]
     typed, compared, first = c.cfg.ring_dtype == "bfloat16", 0, 0
     for j, step in enumerate(steps):
-        _, plan = steps.plan_for("conformance", step.tokens or 1, c.cfg.read_format, c.cfg.checkpoint_dtype,
-                               c.cfg.window, n=len(step.rows), max_draft_tokens=c.cfg.max_draft_tokens)
+        _, plan = trtllm_steps.plan_for("conformance", step.tokens or 1, c.cfg.read_format, c.cfg.checkpoint_dtype,
+                                      c.cfg.window, n=len(step.rows), max_draft_tokens=c.cfg.max_draft_tokens)
         ran_here, first = launches[first:first + len(plan)], first + len(plan)   # 1 (a decode on the checkpoint) or 2
         if len(ran_here) != len(plan):
             problems.append(f"step {j}: {len(ran_here)} launches ran, {len(plan)} planned")
