@@ -7,9 +7,12 @@ equals the conventional peer step on the same state), then CUDA-graph timings (m
 triton.testing.do_bench, which clears L2 between runs):
   ours: non-flush step at ring fill w = 0, 7, 14; flush step (w = 15); a whole window of
   16 decode steps with cursor moves (amortized); a staggered step (row r holds r mod 16 entries,
-  so 1/16 of the rows flush: a serving steady state); non-flush / flush / staggered with fp8 and
-  nvfp4 read copies; verify of T = 2, 4, 8 tokens without flush rows, and of T = 8 with half the rows
-  flushing (row r holds r mod 16 entries).
+  so 1/16 of the rows flush: a serving steady state); non-flush (w = 7) / flush / staggered /
+  amortized with fp8 and nvfp4 read copies; for GDN / KDA the same four steps for every read format
+  (checkpoint, fp8, nvfp4) again on a [S, HV, V, K] checkpoint ("vk state", the layout the SGLang and
+  TRT-LLM adapters bind), printed at the end side by side with SGLang's replay kernel from the same
+  run (amortized, per model and batch; the JSON's "summary"); verify of T = 2, 4, 8 tokens without
+  flush rows, and of T = 8 with half the rows flushing (row r holds r mod 16 entries).
   peers (loaded from --peers when present): mamba_ssm selective_state_update, fla
   fused_recurrent_gated_delta_rule (T = 1, 2, 4, 8), fla fused_recurrent_kda_fwd (T = 1 and
   per-draft snapshots), SGLang 0.5.23 fused_recurrent_linear_replayssm_decode (GDN and KDA;
@@ -44,6 +47,7 @@ from snapshot_mamba2 import snapshot_verify  # noqa: E402
 DEV = "cuda"
 ACT = torch.bfloat16
 RESULTS: list[dict] = []
+SUMMARY: list[dict] = []  # GDN / KDA amortized steps by layout and read format, per model and batch
 JSONL: str | None = None  # rows are appended here as they are measured
 
 
@@ -280,28 +284,16 @@ def bench_model(name, spec, batch, peers, verify_batch):
     record(name, batch, "ours amortized (16-step window)", amort, window_bytes, correctness=err)
     layer.set_staggered()
     record(name, batch, "ours staggered step (1/16 of rows flush)", timed(fn), window_bytes)
-    for rf in ("fp8", "nvfp4"):
-        lq = Layer(spec, batch, read_format=rf)
-        fq, _ = lq.step_fn(lq.inputs(1))
-        lq.set_fill(7)
-        t = timed(fq)
-        record(name, batch, f"ours non-flush w=7 {rf}", t, batch * (bytes_state(spec, rf) + 8 * ring + io))
-        lq.set_fill(L - 1)
-        t2 = timed(fq)
-        record(name, batch, f"ours flush {rf}", t2, batch * (2 * S + bytes_state(spec, rf) + L * ring + io))
-        lq.set_staggered()
-        record(name, batch, f"ours staggered step {rf}", timed(fq),
-               batch * (bytes_state(spec, rf) + (2 * S + bytes_state(spec, rf)) / L + (L - 1) / 2 * ring + ring + io))
-        del lq
-    if spec.family != "mamba2":   # the checkpoint in SGLang's layout, as the SGLang adapter binds it
-        lv = Layer(spec, batch, state_layout="vk")
-        fv, _ = lv.step_fn(lv.inputs(1))
-        lv.set_fill(7)
-        record(name, batch, "ours non-flush w=7 (vk state)", timed(fv), batch * (S + 8 * ring + io))
-        lv.set_fill(L - 1)
-        record(name, batch, "ours flush (vk state)", timed(fv), batch * (2 * S + L * ring + io))
-        record(name, batch, "ours amortized (16-step window, vk state)", timed(lv.window_fn(L)) / L, window_bytes)
-        del lv
+    # the read copies, and for GDN / KDA every read format again on the [S, HV, V, K] checkpoint the SGLang and
+    # TRT-LLM adapters bind: the non-flush (w = 7), flush, staggered and amortized steps of each
+    amortized = {("kv", "checkpoint"): amort}
+    for layout in ("kv",) if spec.family == "mamba2" else ("kv", "vk"):
+        for rf in ("checkpoint", "fp8", "nvfp4"):
+            if (layout, rf) != ("kv", "checkpoint"):
+                amortized[layout, rf] = bench_layout(name, spec, batch, layout, rf)
+    if spec.family != "mamba2":
+        SUMMARY.append(dict(model=name, batch=batch, amortized_us={f"{lay} {rf}": round(us, 2)
+                                                                  for (lay, rf), us in amortized.items()}))
     # floors over the same state bytes
     st = layer.state0
     record(name, batch, "floor read", timed(read_floor(st)), batch * S)
@@ -329,6 +321,49 @@ def bench_model(name, spec, batch, peers, verify_batch):
     if spec.family != "mamba2" and "sglang" in peers:
         bench_sglang(name, spec, batch, peers["sglang"], st)
     del layer
+
+
+def bench_layout(name, spec, batch, layout, rf):
+    """Non-flush (w = 7), flush, staggered and amortized (a 16-step window) steps with read format
+    ``rf`` on a ``layout`` checkpoint; returns the amortized microseconds."""
+    S, ring, io, L = bytes_state(spec), bytes_ring_entry(spec), bytes_io(spec), WINDOW
+    read = S if rf == "checkpoint" else bytes_state(spec, rf)
+    copy = 0 if rf == "checkpoint" else read                  # a flush also writes the read copy
+    vk = layout == "vk"
+    fmt = "" if rf == "checkpoint" else f" {rf}"
+    tag = f"{fmt} (vk state)" if vk else fmt
+    extra = dict(layout=layout, read_format=rf)
+    lq = Layer(spec, batch, read_format=rf, state_layout=layout)
+    fq, _ = lq.step_fn(lq.inputs(1))
+    lq.set_fill(7)
+    record(name, batch, f"ours non-flush w=7{tag}", timed(fq), batch * (read + 8 * ring + io), **extra)
+    lq.set_fill(L - 1)
+    record(name, batch, f"ours flush{tag}", timed(fq), batch * (2 * S + copy + L * ring + io), **extra)
+    window_bytes = batch * (read + (2 * S + copy) / L + (L - 1) / 2 * ring + ring + io)
+    lq.set_staggered()
+    record(name, batch, f"ours staggered step{tag}", timed(fq), window_bytes, **extra)
+    amort = timed(lq.window_fn(L)) / L
+    record(name, batch, f"ours amortized (16-step window{', vk state' if vk else ''}){fmt}", amort, window_bytes,
+           **extra)
+    del lq
+    return amort
+
+
+def print_summary():
+    """GDN / KDA amortized steps side by side: each layout and read format, and SGLang's replay kernel
+    ((15 x w=7 + flush) / 16, the same window on its [S, HV, V, K] state) from the same run."""
+    if not SUMMARY:
+        return
+    cols = [f"{lay} {rf}" for lay in ("kv", "vk") for rf in ("checkpoint", "fp8", "nvfp4")]
+    print("\namortized us per step (16-step window); sglang: (15 x w=7 + flush) / 16")
+    print(f"{'model':13s} {'batch':>5s} " + " ".join(f"{c:>14s}" for c in cols) + f" {'sglang replay':>14s}")
+    by = {(r["model"], r["batch"], r["what"]): r["us"] for r in RESULTS}
+    for row in SUMMARY:
+        m, b = row["model"], row["batch"]
+        nf, fl = by.get((m, b, "peer sglang replay w=7")), by.get((m, b, "peer sglang replay flush"))
+        row["sglang_us"] = None if nf is None or fl is None else round(((WINDOW - 1) * nf + fl) / WINDOW, 2)
+        cells = [row["amortized_us"].get(c) for c in cols] + [row["sglang_us"]]
+        print(f"{m:13s} {b:>5d} " + " ".join(f"{'-':>14s}" if c is None else f"{c:>14.1f}" for c in cells))
 
 
 def bench_sglang(name, spec, batch, kernel, st):
@@ -458,10 +493,11 @@ def main():
         except Exception as e:
             print(f"{name} verify FAILED: {e!r}", flush=True)
         torch.cuda.empty_cache()
+    print_summary()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                           rows=RESULTS), f, indent=1)
+                           rows=RESULTS, summary=SUMMARY), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
     python benchmarks/sweep_tiles.py [--batch 256] [--models nemotron-h,qwen3.5,kimi-linear]
                                      [--kinds decode,decode_vk,read_fp8,read,verify,verify_read,flush,
-                                              flush_replay,verify_flush,verify_fold]
+                                              flush_replay,verify_flush,verify_fold,flush_replay_vk,
+                                              verify_flush_vk]
                                      [--pick 0,-1] [--q-dtype bfloat16|float32] [--verify-tokens 2,4,8]
+                                     [--json OUT.json]
 
 Per model and kind, each candidate's step time, and the largest output difference from the first
 candidate (the candidates must agree):
@@ -25,23 +27,32 @@ candidate (the candidates must agree):
   checkpoint only with a verify tile of fold=False);
 - verify_fold: the same verify on the checkpoint, and one without flush rows, over the verify tiles:
   the tile in use, the same with its fold flipped (fold=True: the verify kernel folds its flush
-  rows; fold=False: the flush pass does), then the verify candidates.
+  rows; fold=False: the flush pass does), then the verify candidates;
+- flush_replay_vk, verify_flush_vk (GDN / KDA): flush_replay's columns, then the flush and
+  staggered steps behind an fp8 read copy, and verify_flush's behind NVFP4 (all, half), on a
+  [S, HV, V, K] checkpoint; the first row is the same step on [S, HV, K, V] at the kv tile in use
+  (what the vk rows should match), then the candidates: kl=0 (the checkpoint tile as one [K, BV]
+  load, as before these kinds), the tile in use, other kl, rows / warps, stages, row_programs.
 A step with flush rows is timed without moving the cursors, so every call folds the same window
 into the checkpoint again: there the candidates' outputs drift apart with the number of calls timed,
 and the max |dy| column holds that drift too (the kernel tests check the tiles' results).
 decode, flush and flush_replay also time the staggered step (row r holds r mod 16 entries, so
 1/16 of the rows flush: the serving steady state, where a flush pass's rows are few).
 Decode, read and flush size the ring for decode only (no draft tokens), as bench_decode does.
-The chosen entries go into ``ops.TILES`` by hand.
+``--json`` also writes every row (model, kind, layout, tile, column times, max |dy|), after each
+row. The chosen
+entries go into ``ops.TILES`` by hand.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
 import torch
+import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_decode import Layer, timed  # noqa: E402
@@ -151,6 +162,17 @@ for _fam in ("mamba2", "delta"):
     _tile = ops.TILES[_fam]["verify"]
     CANDIDATES[_fam]["verify"] += [dict(_tile, tokens=n) for n in (2, 8, 16) if n != _tile.get("tokens", 2)]
 CANDIDATES["delta"]["decode_vk"] += [dict(ops.TILES["kda"]["decode_vk"], fold_stages=fs) for fs in (4, 1, 2, 3)]
+# the replay behind a read copy on a [S, HV, V, K] checkpoint: kl=0 (one [K, BV] load, all of a warp's lanes over
+# K), the tile in use, then one change at a time
+_tile = ops.TILES["delta"]["flush_replay_vk"]
+CANDIDATES["delta"]["flush_replay_vk"] = [dict(_tile, kl=0), dict(_tile), dict(_tile, kl=32),
+                                          dict(_tile, rows=32, num_warps=2), dict(_tile, stages=1),
+                                          dict(_tile, row_programs=16)]
+_tile = ops.TILES["delta"]["verify_flush_vk"]
+CANDIDATES["delta"]["verify_flush_vk"] = [dict(_tile, kl=0), dict(_tile), dict(_tile, kl=32),
+                                          dict(_tile, rows=32, num_warps=2), dict(_tile, row_programs=4)]
+# the _vk kinds whose first row is the same step on a [S, HV, K, V] checkpoint at the kv kind's tile in use
+KV_ROW = {"flush_replay_vk": "flush_replay", "verify_flush_vk": "verify_flush"}
 # kind -> [(column, read format, tokens, fill)]; the _vk kinds run on a [S, HV, V, K] checkpoint (the
 # SGLang / TRT-LLM adapters' layout). The amortized column is (15 x w=7 + flush) / 16; a fill of None is
 # the staggered step (row r holds r mod 16 entries: 1/16 of the rows flush, the serving steady state).
@@ -172,7 +194,23 @@ SETUPS = {"decode": _DECODE, "decode_vk": _DECODE, "read_fp8": [("w=7", "fp8", 1
           "verify_flush": [(f"{fmt} {c}", fmt, VERIFY_T, fill) for fmt in ("checkpoint", "nvfp4")
                            for c, fill in (("all", WINDOW - VERIFY_T), ("half", None))],
           "verify_fold": [(c, "checkpoint", VERIFY_T, fill) for c, fill in
-                          (("no flush", WINDOW - 1 - VERIFY_T), ("all", WINDOW - VERIFY_T), ("half", None))]}
+                          (("no flush", WINDOW - 1 - VERIFY_T), ("all", WINDOW - VERIFY_T), ("half", None))],
+          "flush_replay_vk": [("w=7", "nvfp4", 1, 7), ("flush", "nvfp4", 1, WINDOW - 1),
+                              ("staggered", "nvfp4", 1, None), ("fp8 flush", "fp8", 1, WINDOW - 1),
+                              ("fp8 staggered", "fp8", 1, None)],
+          "verify_flush_vk": [("nvfp4 all", "nvfp4", VERIFY_T, WINDOW - VERIFY_T),
+                              ("nvfp4 half", "nvfp4", VERIFY_T, None)]}
+ROWS: list[dict] = []   # every timed row, for --json
+JSON_PATH: str | None = None
+TILES_IN_USE = json.loads(json.dumps(ops.TILES))   # before the sweep sets candidates
+
+
+def _dump(batch):
+    """Write the rows so far to --json (after every row: a run cut short keeps what it timed)."""
+    if JSON_PATH:
+        with open(JSON_PATH, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                           batch=batch, tiles=TILES_IN_USE, rows=ROWS), f, indent=1)
 
 
 def _time(spec, batch, read_format, T, fill, state_layout="kv", q_dtype=None):
@@ -208,20 +246,30 @@ def sweep(name, batch, kinds, pick=None, q_dtype=None):
         columns = SETUPS[kind]
         amortized = [c[0] for c in columns][:2] == ["w=7", "flush"]
         heads = [c[0] + " us" for c in columns] + (["amortized us"] if amortized else [])
-        print(f"{kind:>7}: " + " ".join(f"{h:>14}" for h in heads) + f" {'max |dy|':>9}  tile")
+        print(f"{kind:>7}: " + " ".join(f"{h:>14}" for h in heads) + f" {'max |dy|':>9}  layout tile")
         first = None
-        for tile in candidates if pick is None else [candidates[j] for j in pick]:
-            table[key] = tile
+        rows = [(tile, "vk" if kind.endswith("_vk") else "kv") for tile in
+                (candidates if pick is None else [candidates[j] for j in pick])]
+        if kind in KV_ROW:                       # the same step on [S, HV, K, V] at the kv tile in use
+            rows.insert(0, (None, "kv"))
+        for tile, layout in rows:
+            if tile is not None:
+                table[key] = tile
+            shown = tile if tile is not None else {**ops.TILES[fam], **ops.TILES.get(spec.family, {})}[KV_ROW[kind]]
             try:
-                layout = "vk" if kind.endswith("_vk") else "kv"
                 times, ys = zip(*(_time(spec, batch, f, T, fill, layout, q_dtype) for _, f, T, fill in columns))
                 diff = 0.0 if first is None else max((y - f).abs().max().item() for y, f in zip(ys, first))
                 first = ys if first is None else first
                 if amortized:
                     times += ((WINDOW - 1) * times[0] + times[1]) / WINDOW,
-                print(" " * 9 + " ".join(f"{t:>14.1f}" for t in times) + f" {diff:>9.2e}  {tile}", flush=True)
+                print(" " * 9 + " ".join(f"{t:>14.1f}" for t in times) + f" {diff:>9.2e}  {layout:>6} {shown}",
+                      flush=True)
+                ROWS.append(dict(model=name, batch=batch, kind=kind, layout=layout, tile=shown, max_dy=diff,
+                                 us=dict(zip(heads, (round(t, 2) for t in times)))))
             except Exception as e:  # a candidate that does not compile is reported, not fatal
-                print(" " * 9 + f"failed: {e!r}  {tile}", flush=True)
+                print(" " * 9 + f"failed: {e!r}  {layout:>6} {shown}", flush=True)
+                ROWS.append(dict(model=name, batch=batch, kind=kind, layout=layout, tile=shown, failed=repr(e)))
+            _dump(batch)
             torch.cuda.empty_cache()
         if key in saved:
             table[key] = saved[key]
@@ -241,12 +289,15 @@ def main():
     ap.add_argument("--q-dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="GDN / KDA queries: bfloat16 as the peers take them (bench_decode), or float32 as the "
                          "adapters pass them (L2-normalised in fp32)")
+    ap.add_argument("--json", default=None, help="also write every timed row to this file")
     args = ap.parse_args()
     pick = None if args.pick is None else [int(j) for j in args.pick.split(",")]
     tokens = [int(t) for t in args.verify_tokens.split(",")]
     if not all(2 <= t <= VERIFY_T for t in tokens):
         ap.error(f"--verify-tokens: expected token counts in 2..{VERIFY_T}, got {args.verify_tokens!r}")
     SETUPS.update(verify_setups(tokens))
+    global JSON_PATH
+    JSON_PATH = args.json
     for name in args.models.split(","):
         sweep(name, args.batch, args.kinds.split(","), pick, getattr(torch, args.q_dtype))
 

@@ -48,7 +48,12 @@ _compiled: set = set()
 # fold's precision; `flush_replay`: behind an fp8 / NVFP4 read copy, which replays the window
 # instead of folding the cached d); verify streams the state once for T > 1 tokens (chunk raised to
 # 16 words for tl.dot; smaller states pad with zero words; `dot`: the products' precision),
-# `verify_read` behind an fp8 / NVFP4 read copy; verify_flush is its flush pass. A flush pass
+# `verify_read` behind an fp8 / NVFP4 read copy; verify_flush is its flush pass (and the flush-only
+# launch's). `flush_replay_vk` / `verify_flush_vk`: the replay behind a read copy on a [S, HV, V, K]
+# checkpoint, which moves the checkpoint as runs of `kl` contiguous key channels (2 `kl` for a 16-bit
+# checkpoint: the same bytes), so that the
+# replay's reductions over K stay mostly within a thread (the read-copy decode and verify passes
+# read only the copy, whose layout is [V, K] whatever the checkpoint's). A flush pass
 # launches `row_programs` programs per (tile, head), which share the step's flush rows (found by
 # scanning the cursors in FLUSH_SCAN_ROWS-row blocks), so a step where few rows flush launches no
 # program per row; tiles not swept take 16. A verify pads its T tokens to a power of two, at least the
@@ -72,9 +77,11 @@ TILES = {
               "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", row_programs=16),
               "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
               "flush_replay": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4),
+              "flush_replay_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4, kl=16),
               "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3", tokens=8),
               "verify_read": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-              "verify_flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16)},
+              "verify_flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
+              "verify_flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16, kl=16)},
     "kda": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=3,
                            dot="tf32x3"),
             "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
@@ -104,7 +111,8 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
 
     ``kernels``: (decode, verify, flush) Triton functions of the family; ``vk``: the checkpoint's
     key channels are contiguous (a framework's ``[S, HV, V, K]`` tensor), which has its own decode
-    and flush tiles."""
+    and flush tiles, and behind a read copy its own replay tiles (``flush_replay_vk``,
+    ``verify_flush_vk``: the flush passes, the only ones that read the checkpoint there)."""
     tiles = {**TILES["delta"], **TILES["kda"]} if family == "kda" else TILES[family]
     vk_tile = vk and const["READ_FMT"] == 0
     fold = tiles["decode_vk" if vk_tile else "decode"]
@@ -117,10 +125,15 @@ def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: di
     ver = tiles["verify" if const["READ_FMT"] == 0 else "verify_read"]
     tt = max(ver.get("tokens", 2), triton.next_power_of_2(T)) if T != 1 else 1   # the verify's padded tokens
     replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
-    flush = tiles["verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush"]
+    # a replay on a [S, HV, V, K] checkpoint moves the checkpoint in runs of `kl` key channels
+    suffix = "_vk" if vk and replay else ""
+    flush = tiles[("verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush")
+                  + suffix]
     flush = dict(flush, RP=flush["row_programs"], RB=FLUSH_SCAN_ROWS)
     if family == "mamba2":
         flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
+    else:   # `kl` counts fp32 channels: a 16-bit checkpoint's runs take as many bytes, twice the channels
+        flush = dict(flush, KL=min(flush.get("kl", 0) * (1 if const["CKPT_FMT"] == 0 else 2), cols))
     if T == 0:                                                        # flush-only: the flush pass alone
         plan = []
     elif T > 1:
@@ -150,7 +163,8 @@ def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
                                          ("STAGES", "stages"), ("FST", "FST"), ("DOT", "dot"), ("ACC", "acc"),
-                                         ("FOLD", "FOLD"), ("NF", "NF"), ("RP", "RP"), ("RB", "RB")) if t in tile}
+                                         ("FOLD", "FOLD"), ("NF", "NF"), ("RP", "RP"), ("RB", "RB"),
+                                         ("KL", "KL")) if t in tile}
         out.append((kernel, block, tile["RP"] if flush_pass else "n", {**const, **extra}, tile["num_warps"],
                     flush_pass))
     return out

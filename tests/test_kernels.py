@@ -378,6 +378,83 @@ def test_decode_tiles_of_several_chunks(monkeypatch, family, layout, read_format
         assert rms_ratio(tri.read_state(0, st), ref.read_state(0, sr)) < 1e-5
 
 
+VK_CASES = [("tiny", "gdn", "nvfp4", "float32", 16), ("tiny", "gdn", "nvfp4", "float16_sr", 8),
+            ("tiny", "gdn", "fp8", "float32", 16), ("tiny", "kda", "nvfp4", "float32", 16),
+            ("tiny", "kda", "fp8", "bfloat16", 16)]
+if CUDA:
+    VK_CASES += [("real", f, rf, "float32", kl) for f in ("gdn", "kda") for rf in ("fp8", "nvfp4") for kl in (0, 16, 32)]
+
+
+@pytest.mark.parametrize("dims,family,read_format,checkpoint_dtype,kl", VK_CASES)
+def test_vk_read_copy_passes_match_kv_and_reference(monkeypatch, dims, family, read_format, checkpoint_dtype, kl):
+    """Behind a read copy on a ``[S, HV, V, K]`` checkpoint the flush passes move the checkpoint as
+    runs of ``kl`` key channels (``flush_replay_vk`` / ``verify_flush_vk``; twice ``kl`` on a 16-bit
+    checkpoint; tiny dims: 16 over K = 32, two runs, or one; real dims: the model's, ``kl`` = 0 the
+    single ``[K, BV]`` load): decodes, verifies
+    (T = 2 to 4) with flush rows, a flush-only launch, padded rows, two value tiles (tiny: V = 20).
+    Against the reference and the same steps on a ``[S, HV, K, V]`` checkpoint: outputs
+    (NaN-poisoned) within the pair tolerance, padded rows zero, rings and cursors bit-exact, the
+    read copy byte for byte the encoding of the stored checkpoint, the checkpoints alike, and the
+    owned checkpoint's rows outside the pool untouched."""
+    for kind in ("flush_replay_vk", "verify_flush_vk"):
+        monkeypatch.setitem(ops.TILES["delta"], kind, dict(ops.TILES["delta"][kind], kl=kl))
+    if dims == "real":
+        spec = MODEL_SPECS["qwen3.5" if family == "gdn" else "kimi-linear"]
+    else:
+        spec = getattr(rs.LayerSpec, family)(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=20)
+    cfg = rs.ReplayConfig(window=4, max_draft_tokens=3, read_format=read_format, checkpoint_dtype=checkpoint_dtype,
+                          seed=3)
+    NL, S, n = 1, 4, 3
+    storage = torch.full((NL, S + 1, spec.num_v_heads, spec.head_v_dim, spec.head_k_dim), float("nan"),
+                         dtype=cfg.torch_checkpoint_dtype, device=DEVICE)
+    pools = {"vk": rs.StatePool(spec, cfg, num_layers=NL, num_slots=S, device=DEVICE, backend="triton",
+                                checkpoint=storage[:, 1:], state_layout="vk"),
+             "kv": rs.StatePool(spec, cfg, num_layers=NL, num_slots=S, device=DEVICE, backend="triton"),
+             "reference": rs.StatePool(spec, cfg, num_layers=NL, num_slots=S, device=DEVICE, backend="reference")}
+    slots = {k: p.alloc(n) for k, p in pools.items()}
+    rows = {k: torch.stack((s[0], torch.tensor(-1, device=DEVICE), s[1], s[2])) for k, s in slots.items()}
+    gen = torch.Generator().manual_seed(29)
+    params = Params(spec, 1, gen)
+    tol = _pair_tol(cfg)
+    for step in range(3 * cfg.window + 2):
+        if step == 2 * cfg.window:                     # a flush-only launch (T = 0) mid-window
+            for k, p in pools.items():
+                p.flush(slots[k])
+        T = 2 + step % 3 if step % 3 == 1 else None
+        inp = make_inputs(spec, params, 0, n + 1, T, gen, device=DEVICE)
+        shape = (n + 1, spec.num_v_heads, spec.head_v_dim) if T is None else (n + 1, T, spec.num_v_heads,
+                                                                              spec.head_v_dim)
+        fn = rs.decode if T is None else rs.verify
+        ys = {k: fn(p, 0, rows[k], out=torch.full(shape, float("nan"), device=DEVICE), **inp)
+              for k, p in pools.items()}
+        assert torch.isfinite(ys["vk"]).all(), "kernel left outputs unwritten"
+        assert ys["vk"][1].eq(0).all(), "a padded row's output is zero"
+        assert rms_ratio(ys["vk"], ys["kv"]) < tol, step
+        assert rms_ratio(ys["vk"], ys["reference"]) < tol, step
+        if T is not None:
+            acc = torch.randint(1, T + 1, (n + 1,), generator=gen)
+            for k, p in pools.items():
+                p.commit(rows[k], acc)
+        for other in ("kv", "reference"):
+            for name in pools[other].ring:
+                if name != "d":
+                    assert torch.equal(pools["vk"].ring[name], pools[other].ring[name]), (step, other, name)
+            for name in pools[other].cursors:
+                assert torch.equal(pools["vk"].cursors[name], pools[other].cursors[name]), (step, other, name)
+        vk = pools["vk"]
+        ck = vk.checkpoint[:, slots["vk"]].float().transpose(-1, -2)
+        for name, want in zip(("codes", "block_scale", "row_scale"), rs.formats.quantize(ck, read_format)):
+            got = vk.read[name][:, slots["vk"]]
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (step, f"read copy {name} differs")
+    assert torch.isnan(storage[:, 0].float()).all(), "a row outside the pool was written"
+    ck_tol = 1e-5 if checkpoint_dtype == "float32" else 2e-2
+    for other in ("kv", "reference"):
+        assert rms_ratio(pools["vk"].checkpoint[:, slots["vk"]].float(),
+                         pools[other].checkpoint[:, slots[other]].float()) < ck_tol, other
+        assert rms_ratio(pools["vk"].read_state(0, slots["vk"]), pools[other].read_state(0, slots[other])) < ck_tol
+    assert rms_ratio(pools["vk"].ring["d"], pools["reference"].ring["d"]) < tol
+
+
 @pytest.mark.parametrize("read_format", ["checkpoint", "nvfp4"])
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 def test_q_scale_equals_a_scaled_q(family, read_format):

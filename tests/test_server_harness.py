@@ -102,8 +102,9 @@ def test_comparison_counts_identical_requests_and_the_first_difference():
     assert wave["logprob_diff_max"] == 0.5 and wave["logprob_diff_mean"] == pytest.approx((0 + 0.25 + 0 + 0.5) / 4)
 
 
-PUBLISHED = {"nemotron-h-8b": "nemotron-h", "qwen3-next": "qwen3.5", "kimi-linear": "kimi-linear"}
-SSM_LAYERS = {"nemotron-h-8b": 24, "qwen3-next": 6, "kimi-linear": 6}
+PUBLISHED = {"nemotron-h-8b": "nemotron-h", "qwen3-next": "qwen3.5", "kimi-linear": "kimi-linear",
+             "qwen3.5-9b": "qwen3.5", "kimi-linear-dense": "kimi-linear"}
+SSM_LAYERS = {"nemotron-h-8b": 24, "qwen3-next": 6, "kimi-linear": 6, "qwen3.5-9b": 6, "kimi-linear-dense": 6}
 
 
 @pytest.mark.parametrize("name", sorted(models.CONFIGS))
@@ -123,3 +124,222 @@ def test_model_folders_carry_the_published_ssm_dims_as_sglang_reads_them(tmp_pat
     spec = MODEL_SPECS[PUBLISHED[name]]
     assert plan["family"] == spec.family and len(plan["layers"]) == SSM_LAYERS[name]
     assert plan["dims"] == {k: getattr(spec, k) for k in plan["dims"]}
+
+
+def test_parallel_runs_never_share_a_port_and_write_every_model(tmp_path, monkeypatch):
+    """``--parallel 3`` over 2 models x 4 variants: at most 3 servers at once, never two on one port at
+    the same time, models interleaved, and each model's JSON compares every variant with the first."""
+    import threading
+    import time
+
+    live, seen, lock = {}, [], threading.Lock()
+
+    def fake_run(name, model, model_dir, reqs, args, port, log, deadline):
+        with lock:
+            assert port not in live.values(), f"port {port} taken twice"
+            live[(model, name)] = port
+            seen.append((model, name, len(live)))
+        log.write(f"log of {model} {name}\n")
+        time.sleep(0.05)
+        with lock:
+            del live[(model, name)]
+        ids = [hash((model, k)) % 1000 for k in range(4)]
+        item = dict(output_ids=ids, logprobs=[-0.5] * 4)
+        return dict(single=[item], wave=[item, item])
+
+    monkeypatch.setattr(check_server, "run_variant", fake_run)
+    variants = ["sglang", "replay-fp32", "replay-nvfp4", "replay-fp32-w2"]
+    rc = check_server.main(["--models", "qwen3-next", "kimi-linear", "--variants", *variants, "--parallel", "3",
+                            "--out", str(tmp_path), "--models-dir", str(tmp_path / "models")])
+    assert rc == 0
+    assert check_server.jobs_in_order(["qwen3-next", "kimi-linear"], variants)[:3] == [
+        ("qwen3-next", "sglang"), ("kimi-linear", "sglang"), ("qwen3-next", "replay-fp32")]
+    assert {m for m, _, _ in seen[:3]} == {"qwen3-next", "kimi-linear"}
+    assert max(n for _, _, n in seen) <= 3 and len(seen) == 8
+    for model in ("qwen3-next", "kimi-linear"):
+        data = json.loads((tmp_path / f"server-{model}.json").read_text())
+        assert sorted(data["results"]) == sorted(variants)
+        assert sorted(data["summary"]) == sorted(variants[1:])
+        assert all(row["wave"]["identical"] == 2 for row in data["summary"].values())
+    log = (tmp_path / "servers.log").read_text()
+    assert all(f"log of {m} {v}" in log for m in ("qwen3-next", "kimi-linear") for v in variants)
+
+
+def test_seeded_weights_are_a_trained_models_scale_and_the_same_for_the_same_seed():
+    import torch
+
+    import seeded_weights
+
+    class Mixer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.A_log = torch.nn.Parameter(torch.zeros(1, 1, 32, 1))
+            self.A = torch.nn.Parameter(torch.zeros(64))
+            self.dt_bias = torch.nn.Parameter(torch.zeros(64))
+            self.norm = torch.nn.LayerNorm(256)
+            self.in_proj = torch.nn.Linear(256, 512, bias=True)
+            self.experts = torch.nn.Parameter(torch.zeros(4, 128, 256, dtype=torch.bfloat16))
+            self.register_buffer("steps", torch.zeros(3, dtype=torch.int64))
+
+    def made(seed):
+        m = Mixer()
+        seeded_weights.initialize(m, seed=seed)
+        return m
+
+    a, b, c = made(3), made(3), made(4)
+    for name, t in a.state_dict().items():
+        assert torch.equal(t, b.state_dict()[name]), name
+        if t.is_floating_point():
+            assert not torch.equal(t, c.state_dict()[name]), name
+    A = torch.exp(a.A_log.detach())
+    assert 1.0 <= A.min() and A.max() <= 16.0 and A.std() > 2.0
+    assert torch.all(-16.0 <= a.A) and torch.all(a.A <= -1.0)
+    dt = torch.nn.functional.softplus(a.dt_bias.detach())
+    assert 0.99e-3 <= dt.min() and dt.max() <= 0.101
+    assert torch.all((a.norm.weight - 1.0).abs() <= 0.1) and torch.all(a.norm.bias.abs() <= 0.02)
+    bound = (3.0 / 256) ** 0.5
+    w = a.in_proj.weight.detach()
+    assert w.abs().max() <= bound and abs(w.std().item() - bound / 3 ** 0.5) < 0.01 * bound
+    assert a.experts.dtype == torch.bfloat16 and a.experts.float().abs().max() <= bound * 1.01
+    assert not torch.equal(a.experts[0], a.experts[1])
+    assert torch.equal(a.steps, torch.zeros(3, dtype=torch.int64))
+
+
+def test_seeded_init_replaces_sglangs_dummy_initializer_only_when_asked(tmp_path):
+    """In a fresh interpreter with ``seeded_init`` on the path, SGLang's loader module calls
+    ``seeded_weights.initialize`` when the seed is set, and its own function otherwise."""
+    pytest.importorskip("sglang")
+    probe = ("import sglang.srt.model_loader.loader as L, sglang.srt.model_loader.weight_utils as W, sys\n"
+             "print(L.initialize_dummy_weights.__module__, L.initialize_dummy_weights is W.initialize_dummy_weights)\n")
+    base = {k: v for k, v in __import__("os").environ.items() if k != "REPLAYSSM_SEEDED_WEIGHTS"}
+    base["PYTHONPATH"] = str(ROOT / "benchmarks/server/seeded_init")
+    on = subprocess.run([sys.executable, "-c", probe], env={**base, "REPLAYSSM_SEEDED_WEIGHTS": "7"},
+                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert on.returncode == 0, on.stderr[-3000:]
+    assert on.stdout.split()[-2:] == ["seeded_weights", "False"]
+    off = subprocess.run([sys.executable, "-c", probe], env=base, capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert off.stdout.split()[-2:] == ["sglang.srt.model_loader.weight_utils", "True"]
+
+
+def test_bf16_steps_and_the_table_read_what_the_results_say(tmp_path):
+    assert check_server.bf16_ulp(-8.0) == 2.0 ** -4 and check_server.bf16_ulp(-7.99) == 2.0 ** -5
+    assert check_server.bf16_ulp(0.5) == 2.0 ** -8
+
+    def res(*reqs):
+        return dict(single=[dict(output_ids=reqs[0][0], logprobs=reqs[0][1])],
+                    wave=[dict(output_ids=i, logprobs=lp) for i, lp in reqs])
+
+    ref = res(([1, 2, 3], [-8.0, -8.0, -8.0]), ([4, 5], [-5.0, -5.0]))
+    near = res(([1, 2, 3], [-8.0, -8.0625, -8.0]), ([4, 6], [-5.0625, -5.0]))   # one step; two steps
+    c = check_server.compare(ref, near)["wave"]
+    assert c["identical"] == 1 and c["first_difference_at"] == [1] and c["tokens_compared"] == 4
+    assert c["within_one_bf16_step"] == 0.75 and c["logprob_diff_max"] == 0.0625
+    path = tmp_path / "server-m.json"
+    path.write_text(json.dumps(dict(model="m", results={"sglang": ref, "replay-fp32": near,
+                                                         "replay-nvfp4": dict(error="RuntimeError: boom")})))
+    rows = check_server.table([path]).splitlines()
+    assert rows[2] == "| m | replay-fp32 | identical | 1/2 | 1 | 4 | 0.031 / 0.062 | 75 % |"
+    assert rows[3].startswith("| m | replay-nvfp4 | RuntimeError: boom |")
+
+
+def test_serving_tokenizer_round_trips_every_id_through_transformers(tmp_path):
+    from transformers import AutoTokenizer
+
+    import bench_serving
+
+    bench_serving.write_tokenizer(tmp_path, 1000)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert len(tok) == 1000
+    ids = [0, 1, 7, 999, 512, 512]
+    text = tok.decode(ids)
+    assert text == "t0 t1 t7 t999 t512 t512"
+    assert tok.encode(text, add_special_tokens=False) == ids
+
+
+@pytest.mark.parametrize("workload", ["decode", "prefix"])
+@pytest.mark.parametrize("tree", ["installed", "0.5.17"])
+def test_serving_client_command_is_one_sglangs_client_accepts(tmp_path, workload, tree):
+    """SGLang's own client parses the command and gets as far as waiting for the server (none runs).
+    The client's dataset package imports Hugging Face ``datasets`` for datasets these commands do not
+    use; where it is not installed, a module that raises on use stands in for it."""
+    pytest.importorskip("sglang")
+    import importlib.util
+
+    import bench_serving
+
+    env = dict(__import__("os").environ)
+    path = []
+    if importlib.util.find_spec("datasets") is None:
+        (tmp_path / "stand_in" / "datasets").mkdir(parents=True)
+        (tmp_path / "stand_in" / "datasets" / "__init__.py").write_text(
+            "def load_dataset(*args, **kwargs):\n    raise NotImplementedError('datasets is not installed')\n")
+        path.append(str(tmp_path / "stand_in"))
+    if tree == "0.5.17":
+        site = ROOT / "build" / "sglang-0.5.17"
+        if not (site / "sglang" / "benchmark" / "serving.py").exists():
+            pytest.skip("build/sglang-0.5.17 is built by make")
+        path.insert(0, str(site))
+    env["PYTHONPATH"] = __import__("os").pathsep.join(path + [env.get("PYTHONPATH", "")])
+    bench_serving.write_tokenizer(tmp_path, 5000)
+    args = bench_serving.main.__globals__["argparse"].Namespace(
+        workload=workload, seed=0, waves=2, input_len=64, output_len=16, groups=2, prompts_per_group=2,
+        prefix_len=64, question_len=8)
+    cmd = bench_serving.client_command(1, tmp_path, 4, tmp_path / "out.jsonl", args) + ["--ready-check-timeout-sec", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    text = out.stdout + out.stderr
+    assert "unrecognized arguments" not in text and "invalid choice" not in text, text[-3000:]
+    assert "benchmark_args=" in out.stdout, text[-3000:]
+    assert out.returncode != 0 and not (tmp_path / "out.jsonl").exists()
+
+
+def test_serving_runs_each_variant_its_family_serves_and_writes_rows(tmp_path, monkeypatch):
+    import bench_serving
+
+    calls = []
+
+    def fake(model, model_dir, variant, strategy, args, log):
+        calls.append((model, variant, strategy))
+        assert (model_dir / "tokenizer.json").exists() and (model_dir / "config.json").exists()
+        return [dict(model=model, variant=variant, radix=strategy, workload=args.workload, concurrency=c,
+                     output_throughput=100.0 * c) for c in args.concurrency]
+
+    monkeypatch.setattr(bench_serving, "serve_and_measure", fake)
+    monkeypatch.setattr(bench_serving.models, "CONFIGS", dict(bench_serving.models.CONFIGS))
+    for name in ("nemotron-h-8b", "kimi-linear"):
+        bench_serving.models.CONFIGS[name] = dict(bench_serving.models.CONFIGS[name], vocab_size=300)
+    rc = bench_serving.main(["--models", "nemotron-h-8b", "kimi-linear", "--variants", "sglang", "sglang-replay",
+                             "replay-nvfp4", "--concurrency", "1", "4", "--out", str(tmp_path / "out"),
+                             "--models-dir", str(tmp_path / "models")])
+    assert rc == 0
+    assert calls == [("nemotron-h-8b", "sglang", "no_buffer"), ("nemotron-h-8b", "replay-nvfp4", "no_buffer"),
+                     ("kimi-linear", "sglang", "no_buffer"), ("kimi-linear", "sglang-replay", "no_buffer"),
+                     ("kimi-linear", "replay-nvfp4", "no_buffer")]
+    data = json.loads((tmp_path / "out" / "serving-kimi-linear.json").read_text())
+    assert [(r["variant"], r["concurrency"]) for r in data["rows"]] == [
+        ("sglang", 1), ("sglang", 4), ("sglang-replay", 1), ("sglang-replay", 4), ("replay-nvfp4", 1),
+        ("replay-nvfp4", 4)]
+    assert "sglang" in data["meta"] and (tmp_path / "out" / "serving.png").stat().st_size > 1000
+
+
+def test_serving_server_flags_are_sglang_0517s_and_capture_the_loads_batch_sizes(tmp_path):
+    """SGLang 0.5.17's own parser takes every flag the serving benchmark gives its servers."""
+    site = ROOT / "build" / "sglang-0.5.17"
+    if not (site / "sglang" / "srt" / "server_args.py").exists():
+        pytest.skip("build/sglang-0.5.17 is built by make")
+    import bench_serving
+
+    args = bench_serving.main.__globals__["argparse"].Namespace(
+        concurrency=[1, 48, 256], input_len=512, output_len=256, workload="decode", mem_fraction=0.88,
+        no_prefill_graph=True, sglang_arg=[], groups=8, prompts_per_group=32, prefix_len=2048, question_len=128)
+    flags = bench_serving.server_flags(tmp_path, "gdn", 30000, "no_buffer", args)
+    i = flags.index("--cuda-graph-bs-decode")
+    assert flags[i + 1:i + 11] == ["1", "2", "4", "8", "16", "32", "48", "64", "128", "256"]
+    probe = ("import sys, argparse\nfrom sglang.srt.server_args import ServerArgs\n"
+             "p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)\n"
+             "a = p.parse_args(sys.argv[1:])\nprint(a.cuda_graph_bs_decode, a.mamba_radix_cache_strategy)\n")
+    out = subprocess.run([sys.executable, "-c", probe, *flags], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "PYTHONPATH": str(site)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["256]", "no_buffer"]

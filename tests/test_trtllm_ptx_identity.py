@@ -26,7 +26,9 @@ from replayssm.integrations.trtllm import plugin_desc as pd
 from replayssm.kernels import ops
 
 CONFIGS = (("checkpoint", "float32"), ("fp8", "bfloat16"), ("nvfp4", "float16_sr"))
-CASES = [(f, op, rf, ck) for f in SPECS for op in pd.OPS for rf, ck in CONFIGS]
+CASES = [(f, op, rf, ck, "kv") for f in SPECS for op in pd.OPS for rf, ck in CONFIGS]
+# the hosts' [S, HV, V, K] checkpoint, whose flush pass behind a read copy moves it in runs of key channels
+CASES += [(f, op, rf, "float32", "vk") for f in ("gdn", "kda") for op in pd.OPS for rf in ("fp8", "nvfp4")]
 SEED, LAYER = 7, 1  # sr_base(7, 1) < 2**31; sr_base(7, 3) >= 2**31
 
 _COMPARE = """
@@ -71,13 +73,13 @@ def split(ptx, name):  # (PTX without the entry's parameter declarations, the de
 
 
 family, op, rf, ck, layer, twin = sys.argv[1:7]
-spec, T, layer = SPECS[family], 1 if op == "decode" else 3, int(layer)
+spec, T, layer, layout = SPECS[family], 1 if op == "decode" else 3, int(layer), sys.argv[8]
 cfg = rs.ReplayConfig(window=4, max_draft_tokens=2, read_format=rf, checkpoint_dtype=ck, ring_dtype="bfloat16",
                       seed=int(sys.argv[7]))
 has_z = family == "mamba2"
-descs = pd.describe_step(spec, cfg, op=op, tokens=T, layer=layer, has_z=has_z)
-t = steps.allocate(steps.step_buffers(spec, cfg, T, has_z=has_z), N, S, device="cpu")
-plan = steps.step_plan(spec, cfg, t, committed=op == "decode", layer=layer)
+descs = pd.describe_step(spec, cfg, op=op, tokens=T, layer=layer, has_z=has_z, state_layout=layout)
+t = steps.allocate(steps.step_buffers(spec, cfg, T, has_z=has_z, state_layout=layout), N, S, device="cpu")
+plan = steps.step_plan(spec, cfg, t, committed=op == "decode", layer=layer, state_layout=layout)
 cur = [torch.zeros(S + 1, dtype=torch.int32) for _ in range(4)] + [torch.zeros(N, dtype=torch.int64)]
 adv = descs[-1].kernel.launch
 plan.append(replace(adv, n=N, args=cur + [N, S] + [a for a in adv.args[7:]]))
@@ -95,21 +97,21 @@ print(json.dumps(out))
 """
 
 
-def _compare(family, op, rf, ck, layer=LAYER, twin=False, seed=SEED) -> list[dict]:
+def _compare(family, op, rf, ck, layer=LAYER, twin=False, seed=SEED, layout="kv") -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", _COMPARE, family, op, rf, ck, str(layer), str(int(twin)), str(seed)],
-                       env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", _COMPARE, family, op, rf, ck, str(layer), str(int(twin)), str(seed),
+                        layout], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)
 
 
-@pytest.mark.parametrize("family,op,rf,ck", CASES, ids=["-".join(c) for c in CASES])
-def test_plugin_ptx_is_the_torch_ops_ptx(family, op, rf, ck):
+@pytest.mark.parametrize("family,op,rf,ck,layout", CASES, ids=["-".join(c) for c in CASES])
+def test_plugin_ptx_is_the_torch_ops_ptx(family, op, rf, ck, layout):
     """Step, flush (where the step has one) and advance layers of one step: same declarations,
     same text otherwise."""
     assert ops.sr_base(SEED, LAYER) < 2 ** 31
-    for layer in _compare(family, op, rf, ck):
+    for layer in _compare(family, op, rf, ck, layout=layout):
         assert layer["decls"] and layer["body"], layer
 
 

@@ -5,7 +5,8 @@ greedy tokens of replay against SGLang's conventional path.
 
 Each variant starts ``python -m replayssm.integrations.sglang.launch_server`` (SGLang's own HTTP
 server; replay on only for ``replay-*``) on a model folder of ``models.py`` with ``--load-format
-dummy`` (SGLang's seeded dummy weights: the same in every variant) and ``--skip-tokenizer-init``,
+dummy`` and, by default, ``seeded_weights.py``'s values in place of SGLang's dummy ones (the same in every
+variant; SGLang's own give flat logits, tokens that hardly depend on the prompt) and ``--skip-tokenizer-init``,
 waits for it, sends the same requests to ``/generate``, and stops it. The requests:
 
 - ``single``: one request alone (batch 1);
@@ -14,9 +15,16 @@ waits for it, sends the same requests to ``/generate``, and stops it. The reques
   their slots, so flushes fall at different steps of different rows and slots are reused.
 
 Every request is greedy (temperature 0) with ``ignore_eos`` and returns its tokens' logprobs. Written to
-``DIR/server-<model>.json``: per variant and request the output ids and logprobs; per variant against
-the first one the requests whose tokens are identical, the first differing position and the mean and
-largest logprob difference over the tokens both produced. Server logs go to ``DIR/servers.log``.
+``DIR/server-<model>.json`` (rewritten as each server finishes): per variant and request the output ids
+and logprobs; per variant against the first one the requests whose tokens are identical, the first
+differing position and the mean and largest logprob difference over the tokens both produced. Server
+logs go to ``DIR/servers.log``, one server's after another.
+
+``--parallel N`` runs up to N servers at once on one GPU (ports ``--port``, ``--port`` + 1, ...), the
+(model, variant) pairs taken round-robin over the models; this checks tokens, not speed. Every server
+gets explicit pool sizes (``--max-total-tokens``, ``--max-mamba-cache-size``), so what one takes does
+not depend on what the others hold when it measures free memory. ``--deadline S`` stops starting
+servers, and stops running ones, S seconds after the start; what finished is written.
 """
 
 from __future__ import annotations
@@ -24,21 +32,30 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import math
 import os
 import pathlib
+import queue
 import random
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import models  # noqa: E402
+import seeded_weights  # noqa: E402
+
+SEEDED_INIT = pathlib.Path(__file__).resolve().parent / "seeded_init"
 
 VARIANTS = {
     "sglang": [],
+    # the same server again: how far two runs of SGLang's own path differ (the floor of every comparison)
+    "sglang-repeat": [],
     "replay-fp32": ["--replay-ssm"],
     "replay-fp8": ["--replay-ssm", "--replay-read-format", "fp8"],
     "replay-nvfp4": ["--replay-ssm", "--replay-read-format", "nvfp4"],
@@ -48,6 +65,7 @@ VARIANTS = {
     # share of an output is about 2^-16 and the ring's tokens decide it)
     "replay-fp32-w2": ["--replay-ssm", "--replay-window", "2"],
     "replay-nvfp4-w2": ["--replay-ssm", "--replay-window", "2", "--replay-read-format", "nvfp4"],
+    "replay-fp8-w2": ["--replay-ssm", "--replay-window", "2", "--replay-read-format", "fp8"],
 }
 
 
@@ -62,6 +80,8 @@ def server_args(model_dir: pathlib.Path, family: str, port: int, args) -> list[s
     flags = ["--model-path", str(model_dir), "--load-format", "dummy", "--skip-tokenizer-init", "--host", "127.0.0.1",
              "--port", str(port), "--attention-backend", ATTENTION[family], "--sampling-backend", "pytorch",
              "--mem-fraction-static", str(args.mem_fraction), "--max-running-requests", str(args.max_running_requests),
+             "--max-total-tokens", str(args.max_total_tokens),
+             "--max-mamba-cache-size", str(args.max_mamba_cache_size or 3 * args.max_running_requests),
              "--cuda-graph-max-bs", str(args.max_running_requests), "--context-length", "2048", "--random-seed", "0",
              "--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule",
              "--log-level", "warning"]
@@ -70,6 +90,17 @@ def server_args(model_dir: pathlib.Path, family: str, port: int, args) -> list[s
     if family != "mamba2":
         flags += ["--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend", "triton"]
     return flags + args.sglang_arg
+
+
+def server_env(args) -> dict:
+    """The server's environment: with ``--weights seeded``, ``seeded_init`` first on ``PYTHONPATH`` and
+    the seed in ``REPLAYSSM_SEEDED_WEIGHTS`` (see ``seeded_weights.py``)."""
+    env = dict(os.environ)
+    env.pop(seeded_weights.ENV_VAR, None)
+    if args.weights == "seeded":
+        env["PYTHONPATH"] = os.pathsep.join([str(SEEDED_INIT), *filter(None, [env.get("PYTHONPATH")])])
+        env[seeded_weights.ENV_VAR] = str(args.seed)
+    return env
 
 
 def post(port: int, payload: dict, timeout: float = 600) -> dict:
@@ -104,23 +135,40 @@ def requests_for(vocab: int, n: int, seed: int) -> dict[str, list[dict]]:
     return dict(single=[one(37, 80)], wave=[one(rng.randint(5, 400), rng.randint(17, 90)) for _ in range(n)])
 
 
-def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args, log) -> dict:
+class Deadline:
+    """Seconds left before ``--deadline`` (unbounded without one)."""
+
+    def __init__(self, seconds: float | None):
+        self.end = None if seconds is None else time.time() + seconds
+
+    def left(self, cap: float) -> float:
+        return cap if self.end is None else max(0.0, min(cap, self.end - time.time()))
+
+
+def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args, port: int, log,
+                deadline: Deadline) -> dict:
+    """Start one server, send ``reqs`` wave after wave, stop it; server output goes to ``log``."""
     family = models.FAMILIES[model]
     cmd = [sys.executable, "-m", "replayssm.integrations.sglang.launch_server", *VARIANTS[name],
-           *server_args(model_dir, family, args.port, args)]
+           *server_args(model_dir, family, port, args)]
+    result = dict(command=cmd)
+    if deadline.left(60) < 60:
+        result["error"] = "not started: the deadline is less than a minute away"
+        print(f"  {model} {name}: {result['error']}", flush=True)
+        return result
     log.write(f"\n===== {model} {name}: {' '.join(cmd)}\n")
     log.flush()
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    result = dict(command=cmd)
+    print(f"  {model} {name}: starting on port {port}", flush=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=server_env(args))
     try:
-        wait_ready(proc, args.port, args.start_timeout)
+        wait_ready(proc, port, deadline.left(args.start_timeout))
         result["start_s"] = round(time.time() - t0, 1)
         print(f"  {model} {name}: ready in {result['start_s']} s", flush=True)
         for wave, items in reqs.items():
             t1 = time.time()
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(items)) as ex:
-                outs = list(ex.map(lambda p: post(args.port, p), items))
+                outs = list(ex.map(lambda p: post(port, p, timeout=max(1.0, deadline.left(600))), items))
             result[wave] = [dict(output_ids=o["output_ids"],
                                  logprobs=[t[0] for t in o["meta_info"]["output_token_logprobs"]]) for o in outs]
             result[f"{wave}_s"] = round(time.time() - t1, 2)
@@ -140,13 +188,28 @@ def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args
     return result
 
 
+def jobs_in_order(model_names: list[str], variants: list[str]) -> list[tuple[str, str]]:
+    """(model, variant) pairs, round-robin over the models: the first variant of every model, then the
+    second, ... (so servers running at once are of different models)."""
+    return [(m, v) for v in variants for m in model_names]
+
+
+def bf16_ulp(x: float) -> float:
+    """The spacing of bfloat16 values at ``x`` (8 significant bits): what one rounding step of a bf16
+    logit moves its logprob by, at most."""
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0 ** -133
+
+
 def compare(ref: dict, got: dict) -> dict:
-    """Token agreement and logprob difference of ``got`` against ``ref``, per wave."""
+    """Token agreement and logprob difference of ``got`` against ``ref``, per wave: the requests whose
+    tokens are identical, the first differing position of each other one, and over the tokens both
+    produced before that position the mean and largest logprob difference and the share of tokens
+    within one bf16 step of ``ref``'s logprob."""
     out = {}
     for wave in ("single", "wave"):
         if wave not in ref or wave not in got:
             continue
-        same, first_diff, diffs = 0, [], []
+        same, first_diff, diffs, steps = 0, [], [], []
         for a, b in zip(ref[wave], got[wave]):
             n = next((i for i, (x, y) in enumerate(zip(a["output_ids"], b["output_ids"])) if x != y), None)
             if n is None and len(a["output_ids"]) == len(b["output_ids"]):
@@ -154,11 +217,72 @@ def compare(ref: dict, got: dict) -> dict:
             else:
                 first_diff.append(n)
             common = n if n is not None else len(a["output_ids"])
-            diffs += [abs(x - y) for x, y in zip(a["logprobs"][:common], b["logprobs"][:common])]
+            for x, y in zip(a["logprobs"][:common], b["logprobs"][:common]):
+                diffs.append(abs(x - y))
+                steps.append(abs(x - y) / bf16_ulp(x))
         out[wave] = dict(requests=len(ref[wave]), identical=same, first_difference_at=first_diff,
                          tokens_compared=len(diffs), logprob_diff_mean=sum(diffs) / max(len(diffs), 1),
-                         logprob_diff_max=max(diffs, default=0.0))
+                         logprob_diff_max=max(diffs, default=0.0),
+                         within_one_bf16_step=sum(d <= 1.0 for d in steps) / max(len(steps), 1))
     return out
+
+
+def table(paths: list[pathlib.Path]) -> str:
+    """A markdown table of ``server-<model>.json`` files: per model and variant, against the first
+    variant, batch 1 and the concurrent wave."""
+    rows = ["| model | variant | batch 1: first difference | wave: identical | wave: median first difference | "
+            "tokens compared | logprob diff mean / max | within one bf16 step |", "|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        data = json.loads(path.read_text())
+        names = list(data["results"])
+        ref = data["results"][names[0]]
+        for name in names[1:]:
+            c = compare(ref, data["results"][name])
+            if "wave" not in c:
+                rows.append(f"| {data['model']} | {name} | {data['results'][name].get('error', 'not run')} |"
+                            " | | | | |")
+                continue
+            one, w = c["single"], c["wave"]
+            first = [x for x in w["first_difference_at"] if x is not None]
+            median = sorted(first)[len(first) // 2] if first else "–"
+            at = "identical" if one["identical"] else f"token {one['first_difference_at'][0]}"
+            rows.append(f"| {data['model']} | {name} | {at} | {w['identical']}/{w['requests']} | {median} | "
+                        f"{w['tokens_compared']} | {w['logprob_diff_mean']:.3f} / {w['logprob_diff_max']:.3f} | "
+                        f"{100 * w['within_one_bf16_step']:.0f} % |")
+    return "\n".join(rows)
+
+
+def run_meta(args) -> dict:
+    """Where and with what a run ran: date, GPU, package versions, the tree's commit, the weights."""
+    import importlib.metadata as md
+
+    import torch
+
+    def version(dist: str) -> str:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return "absent"
+
+    commit = os.environ.get("REPLAYSSM_COMMIT")
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=pathlib.Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+        except (OSError, subprocess.TimeoutExpired):
+            commit = "unknown"
+    return dict(date=time.strftime("%Y-%m-%d", time.gmtime()), commit=commit,
+                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+                weights=f"{args.weights} (seed {args.seed})",
+                **{d: version(d) for d in ("sglang", "sglang-kernel", "torch", "triton", "transformers", "replayssm")})
+
+
+def write_model(out: pathlib.Path, model: str, variants: list[str], results: dict, meta: dict) -> None:
+    """``out/server-<model>.json`` from the variants finished so far (compared with the first)."""
+    ref = results.get(variants[0], {})
+    summary = {name: compare(ref, r) for name, r in results.items() if name != variants[0]}
+    (out / f"server-{model}.json").write_text(json.dumps(dict(model=model, meta=meta, config=models.CONFIGS[model],
+                                                              results=results, summary=summary)) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,36 +292,72 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", nargs="+", default=["sglang", "replay-fp32", "replay-nvfp4"], choices=list(VARIANTS),
                     help="the first is the reference the others are compared with")
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "build/server")))
+    ap.add_argument("--models-dir", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "replayssm-models",
+                    help="where the model folders (config.json each) are written")
     ap.add_argument("--port", type=int, default=30817)
     ap.add_argument("--requests", type=int, default=40, help="requests in the concurrent wave")
     ap.add_argument("--max-running-requests", type=int, default=16)
-    ap.add_argument("--mem-fraction", type=float, default=0.8)
+    ap.add_argument("--max-total-tokens", type=int, default=65536, help="each server's KV pool, in tokens")
+    ap.add_argument("--max-mamba-cache-size", type=int, default=None,
+                    help="each server's SSM state slots (default: 3 x --max-running-requests)")
+    ap.add_argument("--mem-fraction", type=float, default=0.9)
     ap.add_argument("--start-timeout", type=float, default=420)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parallel", type=int, default=1, help="servers running at once")
+    ap.add_argument("--deadline", type=float, default=None, help="seconds after which nothing more runs")
+    ap.add_argument("--seed", type=int, default=0, help="the weights' seed (and the prompts')")
+    ap.add_argument("--weights", choices=["seeded", "sglang-dummy"], default="seeded",
+                    help="seeded: seeded_weights.py's (a trained model's scale); sglang-dummy: SGLang's own "
+                         "dummy values (flat logits: tokens that hardly depend on the prompt)")
     ap.add_argument("--no-prefill-graph", action="store_true",
                     help="every variant without SGLang's prefill CUDA graph (starts faster; decode graphs stay)")
     ap.add_argument("--sglang-arg", action="append", default=[], help="one more SGLang flag or value (repeatable)")
+    ap.add_argument("--table", nargs="+", type=pathlib.Path, metavar="JSON",
+                    help="print the markdown table of these server-<model>.json files and exit")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
+    if args.parallel < 1:
+        ap.error(f"--parallel: expected at least 1, got {args.parallel}")
     args.out.mkdir(parents=True, exist_ok=True)
-    failed = False
-    with (args.out / "servers.log").open("a") as log:
-        for model in args.models:
-            model_dir = models.write(args.out / "models", model)
-            reqs = requests_for(models.CONFIGS[model]["vocab_size"], args.requests, args.seed)
-            results = {}
-            for name in args.variants:
-                results[name] = run_variant(name, model, model_dir, reqs, args, log)
-                failed |= "error" in results[name]
-            ref = results[args.variants[0]]
-            summary = {name: compare(ref, r) for name, r in results.items() if name != args.variants[0]}
-            (args.out / f"server-{model}.json").write_text(json.dumps(dict(model=model, config=models.CONFIGS[model],
-                                                                           results=results, summary=summary)) + "\n")
-            for name, s in summary.items():
-                for wave, row in s.items():
-                    print(f"{model:14s} {name:20s} {wave:6s} identical {row['identical']}/{row['requests']}  "
-                          f"logprob diff mean {row['logprob_diff_mean']:.2e} max {row['logprob_diff_max']:.2e}  "
-                          f"first differences {row['first_difference_at'][:8]}", flush=True)
-    return 1 if failed else 0
+    deadline = Deadline(args.deadline)
+    model_dirs = {m: models.write(args.models_dir, m) for m in args.models}
+    reqs = {m: requests_for(models.CONFIGS[m]["vocab_size"], args.requests, args.seed) for m in args.models}
+    results: dict[str, dict] = {m: {} for m in args.models}
+    jobs = jobs_in_order(args.models, args.variants)
+    meta = run_meta(args)
+    lock = threading.Lock()
+    ports: queue.Queue = queue.Queue()
+    for k in range(args.parallel):              # spaced out: SGLang takes a few ports after its own
+        ports.put(args.port + 37 * k)
+
+    def one(model: str, name: str) -> dict:
+        port = ports.get()
+        try:
+            with tempfile.TemporaryFile("w+") as log:
+                r = run_variant(name, model, model_dirs[model], reqs[model], args, port, log, deadline)
+                log.seek(0)
+                logged = log.read()
+        finally:
+            ports.put(port)
+        with lock:
+            with (args.out / "servers.log").open("a") as all_logs:
+                all_logs.write(logged)
+            results[model][name] = r
+            write_model(args.out, model, args.variants, {v: results[model][v] for v in args.variants
+                                                         if v in results[model]}, meta)
+        return r
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as ex:
+        done = list(ex.map(lambda job: one(*job), jobs))
+    for model in args.models:
+        s = json.loads((args.out / f"server-{model}.json").read_text())["summary"]
+        for name, by_wave in s.items():
+            for wave, row in by_wave.items():
+                print(f"{model:14s} {name:20s} {wave:6s} identical {row['identical']}/{row['requests']}  "
+                      f"logprob diff mean {row['logprob_diff_mean']:.2e} max {row['logprob_diff_max']:.2e}  "
+                      f"first differences {row['first_difference_at'][:8]}", flush=True)
+    return 1 if any("error" in r for r in done) else 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine (Python 3.12, torch 2.11, no network): unpack the kit that kit.py packed into .kit/
 # (copied beside the tree), install replayssm from the tree beside it, check that every module a server
-# imports is there, then run check_server.py with the given arguments.
+# imports is there, then run check_server.py (or, with RUN=bench_serving, bench_serving.py) with the
+# given arguments.
 #
 #   bash benchmarks/server/gpu_server.sh [check_server.py arguments]      (.kit/ beside the tree)
+#   RUN=bench_serving bash benchmarks/server/gpu_server.sh [bench_serving.py arguments]
 #   PROBE_ONLY=1 bash benchmarks/server/gpu_server.sh                       (the import probe alone)
 #
 # Output and JSON go to ${OUT:-build/server}.
@@ -32,4 +34,8 @@ print("python", sys.version.split()[0], "| torch", torch.__version__, "|", torch
 PY
 "$PYTHON" benchmarks/server/probe_imports.py || exit 2
 [ "${PROBE_ONLY:-0}" = 1 ] && exit 0
-"$PYTHON" benchmarks/server/check_server.py --out "$OUT" "$@"
+case "${RUN:-check_server}" in
+    check_server|bench_serving) ;;
+    *) echo "gpu_server.sh: RUN: expected check_server or bench_serving, got '$RUN'"; exit 2 ;;
+esac
+"$PYTHON" "benchmarks/server/${RUN:-check_server}.py" --out "$OUT" "$@"

@@ -9,6 +9,12 @@ too large for one GPU, fewer layers (``LAYERS`` says how many of how many).
 | ``nemotron-h-8b`` | Mamba-2 | NVIDIA Nemotron-H-8B | all 52 (24 Mamba-2, 4 attention, 24 MLP) |
 | ``qwen3-next`` | GDN | Qwen3-Next-80B-A3B | the first 8 of 48 (6 GDN, 2 attention; 512 experts each) |
 | ``kimi-linear`` | KDA | Kimi-Linear-48B-A3B | the first 8 of 27 (6 KDA, 2 MLA; 256 experts each) |
+| ``qwen3.5-9b`` | GDN | Qwen3.5-9B (its text model) | the first 8 of 32 (6 GDN, 2 attention; dense MLPs) |
+| ``kimi-linear-dense`` | KDA | Kimi-Linear-48B-A3B | as ``kimi-linear``, a dense MLP in place of each MoE |
+
+The dense models are the ones to compare tokens on: with random routers a rounding-level change in a
+layer's output can send a token to other experts, which a comparison of two SSM paths would read as a
+difference of the SSM layers.
 
 The SSM / linear-attention dims (heads, head dims, state size, groups, conv width) are the published
 ones in every row; they are what replay's pool and kernels see.
@@ -54,7 +60,18 @@ CONFIGS = {
         tie_word_embeddings=False, torch_dtype="bfloat16", bos_token_id=163584, eos_token_id=163585,
         pad_token_id=163839),
 }
-FAMILIES = {"nemotron-h-8b": "mamba2", "qwen3-next": "gdn", "kimi-linear": "kda"}
+CONFIGS["qwen3.5-9b"] = dict(
+    architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", vocab_size=248320, hidden_size=4096,
+    intermediate_size=12288, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+    hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, partial_rotary_factor=0.25,
+    rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25),
+    full_attention_interval=4, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+    linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32, attn_output_gate=True,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 2,
+    tie_word_embeddings=False, torch_dtype="bfloat16", bos_token_id=248044, eos_token_id=248044)
+CONFIGS["kimi-linear-dense"] = dict(CONFIGS["kimi-linear"], first_k_dense_replace=8)
+FAMILIES = {"nemotron-h-8b": "mamba2", "qwen3-next": "gdn", "kimi-linear": "kda", "qwen3.5-9b": "gdn",
+            "kimi-linear-dense": "kda"}
 
 
 def write(dest: pathlib.Path, name: str) -> pathlib.Path:

@@ -1,0 +1,235 @@
+"""Serving throughput of real SGLang servers, replay against SGLang's own paths, measured with SGLang's
+own benchmark client (``python -m sglang.benchmark.serving``).
+
+    python benchmarks/server/bench_serving.py --models nemotron-h-8b --variants sglang replay-fp32 replay-nvfp4 \
+        --concurrency 1 64 256 --out DIR
+
+For each model, each variant's server is started in turn (``launch_server``, the same flags and
+seeded weights in every variant, ``check_server.py``'s model folders and weights), warmed up, driven
+at each concurrency by the client with random token-id prompts (``--dataset-name random-ids
+--tokenize-prompt``: ``--input-len`` tokens in, ``--output-len`` out, ``ignore_eos``) and stopped.
+Only one server runs at a time, so each has the GPU to itself. The model folder gets a word-level
+tokenizer of the model's vocabulary (``t0 t1 ...``) so that the client and the server have one.
+
+``--workload prefix`` instead sends ``--groups`` groups of ``--prompts-per-group`` requests that
+share a ``--prefix-len``-token prefix (the client's ``generated-shared-prefix`` dataset, with its
+cache report), for each radix strategy of ``--radix-strategies``.
+
+Written to ``DIR/serving-<model>.json``: one row per (variant, radix strategy, concurrency) with output
+tokens/s, median and p99 inter-token latency and time to first token, the client's cache hit rate
+where reported, and the run's versions; ``DIR/serving.png`` plots tokens/s against concurrency per
+model; server logs go to ``DIR/servers.log``. A variant a model's family cannot serve (SGLang's own
+replay on Mamba-2) is skipped, and a server that fails is recorded with its error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import check_server  # noqa: E402
+import models  # noqa: E402
+
+VARIANTS = {
+    "sglang": [],
+    # SGLang's own replay (GDN / KDA decode; it requires the triton decode backend and no_buffer)
+    "sglang-replay": ["--enable-linear-replayssm"],
+    "replay-fp32": ["--replay-ssm"],
+    "replay-nvfp4": ["--replay-ssm", "--replay-read-format", "nvfp4"],
+    "replay-fp16sr-nvfp4": ["--replay-ssm", "--replay-checkpoint-dtype", "float16_sr", "--replay-read-format", "nvfp4"],
+}
+SERVES = {"sglang-replay": ("gdn", "kda")}
+ROW_KEYS = ("output_throughput", "median_itl_ms", "p99_itl_ms", "median_ttft_ms", "p99_ttft_ms", "completed",
+            "duration", "total_output_tokens")
+
+
+def write_tokenizer(folder: pathlib.Path, vocab_size: int) -> None:
+    """A word-level tokenizer of ``vocab_size`` tokens ``t0 ... t{vocab_size-1}`` in ``folder``
+    (``tokenizer.json`` and ``tokenizer_config.json``): id ``i`` decodes to ``t{i}`` and a text of such
+    words encodes back to the same ids."""
+    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+
+    tok = Tokenizer(tok_models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(
+        tokenizer_class="PreTrainedTokenizerFast", model_max_length=32768, unk_token="t0", pad_token="t0")) + "\n")
+
+
+def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str, args) -> list[str]:
+    """SGLang flags every variant shares at one radix strategy (the launcher adds what replay needs)."""
+    running = max(args.concurrency)
+    # decode graphs for the loads' batch sizes and the powers of two below (batches between pad up)
+    graph_bs = sorted({1 << i for i in range(running.bit_length()) if 1 << i <= running} | set(args.concurrency))
+    tokens = running * (args.input_len + args.output_len) + 8192
+    if args.workload == "prefix":
+        tokens = max(tokens, args.groups * (args.prefix_len + args.prompts_per_group * (args.question_len
+                                                                                          + args.output_len)))
+    flags = ["--model-path", str(model_dir), "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(port),
+             "--attention-backend", check_server.ATTENTION[family], "--mem-fraction-static", str(args.mem_fraction),
+             "--max-running-requests", str(running), "--cuda-graph-bs-decode", *map(str, graph_bs),
+             "--max-total-tokens", str(tokens), "--max-mamba-cache-size", str(running + running // 4 + 8),
+             "--context-length", str(args.prefix_len + args.question_len + args.output_len + 64
+                                     if args.workload == "prefix" else args.input_len + args.output_len + 64),
+             "--random-seed", "0", "--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", strategy,
+             "--disable-overlap-schedule", "--log-level", "warning"]
+    if args.no_prefill_graph:
+        flags += ["--disable-prefill-cuda-graph"]
+    if family != "mamba2":
+        flags += ["--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend", "triton"]
+    return flags + args.sglang_arg
+
+
+def client_command(port: int, model_dir: pathlib.Path, concurrency: int, out_file: pathlib.Path, args) -> list[str]:
+    """SGLang's benchmark client at one concurrency (``--num-prompts``: ``--waves`` requests per slot)."""
+    common = [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host", "127.0.0.1",
+              "--port", str(port), "--tokenizer", str(model_dir), "--model", str(model_dir), "--request-rate", "inf",
+              "--max-concurrency", str(concurrency), "--seed", str(args.seed), "--output-file", str(out_file),
+              "--disable-tqdm", "--warmup-requests", str(min(concurrency, 8))]
+    if args.workload == "prefix":
+        return common + ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(args.groups),
+                         "--gsp-prompts-per-group", str(args.prompts_per_group), "--gsp-system-prompt-len",
+                         str(args.prefix_len), "--gsp-question-len", str(args.question_len), "--gsp-output-len",
+                         str(args.output_len), "--gsp-range-ratio", "1.0", "--cache-report"]
+    return common + ["--dataset-name", "random-ids", "--tokenize-prompt", "--random-input-len", str(args.input_len),
+                     "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
+                     "--num-prompts", str(max(concurrency * args.waves, 8))]
+
+
+def row_from(out_file: pathlib.Path) -> dict:
+    """The measurements of the client's last result line in ``out_file``."""
+    result = json.loads(out_file.read_text().strip().splitlines()[-1])
+    row = {k: result[k] for k in ROW_KEYS if k in result}
+    if "cache_report" in result:
+        row["cache_hit_rate_pct"] = result["cache_report"].get("cache_hit_rate_pct")
+    return row
+
+
+def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strategy: str, args, log) -> list[dict]:
+    family = models.FAMILIES[model]
+    cmd = [sys.executable, "-m", "replayssm.integrations.sglang.launch_server", *VARIANTS[variant],
+           *server_flags(model_dir, family, args.port, strategy, args)]
+    base = dict(model=model, variant=variant, radix=strategy, workload=args.workload)
+    log.write(f"\n===== {model} {variant} {strategy}: {' '.join(cmd)}\n")
+    log.flush()
+    t0 = time.time()
+    print(f"{model} {variant} ({strategy}): starting", flush=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=check_server.server_env(args))
+    rows = []
+    try:
+        check_server.wait_ready(proc, args.port, args.start_timeout)
+        print(f"{model} {variant} ({strategy}): ready in {time.time() - t0:.0f} s", flush=True)
+        for c in args.concurrency:
+            with tempfile.TemporaryDirectory() as tmp:
+                out_file = pathlib.Path(tmp) / "result.jsonl"
+                t1 = time.time()
+                done = subprocess.run(client_command(args.port, model_dir, c, out_file, args), stdout=log,
+                                      stderr=subprocess.STDOUT, timeout=args.load_timeout)
+                if done.returncode != 0 or not out_file.exists():
+                    raise RuntimeError(f"the client exited with {done.returncode} at concurrency {c}")
+                row = dict(base, concurrency=c, **row_from(out_file))
+            rows.append(row)
+            print(f"{model} {variant} ({strategy}) concurrency {c}: {row.get('output_throughput', 0):.0f} tok/s, "
+                  f"ITL median {row.get('median_itl_ms', 0):.2f} ms, TTFT median {row.get('median_ttft_ms', 0):.0f} ms"
+                  f" ({time.time() - t1:.0f} s)", flush=True)
+    except Exception as e:                      # noqa: BLE001 - recorded; the next variant runs
+        rows.append(dict(base, error=f"{type(e).__name__}: {e}"))
+        print(f"{model} {variant} ({strategy}): FAILED {rows[-1]['error']}", flush=True)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return rows
+
+
+def plot(rows_by_model: dict[str, list[dict]], path: pathlib.Path) -> None:
+    """Output tokens/s against concurrency, one panel per model, one line per (variant, radix strategy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rows_by_model), figsize=(5 * len(rows_by_model), 4), squeeze=False)
+    for ax, (model, rows) in zip(axes[0], rows_by_model.items()):
+        lines: dict[str, list] = {}
+        for r in rows:
+            if "output_throughput" in r:
+                lines.setdefault(f"{r['variant']} ({r['radix']})", []).append((r["concurrency"], r["output_throughput"]))
+        for label, pts in lines.items():
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_title(model)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel("output tokens/s")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["nemotron-h-8b", "qwen3-next", "kimi-linear"],
+                    choices=list(models.CONFIGS))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--workload", choices=["decode", "prefix"], default="decode")
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 64, 256])
+    ap.add_argument("--input-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--waves", type=int, default=2, help="requests per concurrency slot")
+    ap.add_argument("--radix-strategies", nargs="+", default=["no_buffer"], choices=["no_buffer", "extra_buffer"])
+    ap.add_argument("--groups", type=int, default=8, help="prefix workload: distinct shared prefixes")
+    ap.add_argument("--prompts-per-group", type=int, default=32)
+    ap.add_argument("--prefix-len", type=int, default=2048)
+    ap.add_argument("--question-len", type=int, default=128)
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "build/serving")))
+    ap.add_argument("--models-dir", type=pathlib.Path,
+                    default=pathlib.Path(tempfile.gettempdir()) / "replayssm-serving-models")
+    ap.add_argument("--port", type=int, default=30917)
+    ap.add_argument("--mem-fraction", type=float, default=0.88)
+    ap.add_argument("--start-timeout", type=float, default=600)
+    ap.add_argument("--load-timeout", type=float, default=600, help="seconds one client run may take")
+    ap.add_argument("--seed", type=int, default=0, help="the weights' seed (and the prompts')")
+    ap.add_argument("--weights", choices=["seeded", "sglang-dummy"], default="seeded")
+    ap.add_argument("--no-prefill-graph", action="store_true")
+    ap.add_argument("--sglang-arg", action="append", default=[], help="one more SGLang flag or value (repeatable)")
+    args = ap.parse_args(argv)
+    if min(args.concurrency) < 1:
+        ap.error(f"--concurrency: expected positive counts, got {args.concurrency}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = check_server.run_meta(args)
+    rows_by_model: dict[str, list[dict]] = {}
+    with (args.out / "servers.log").open("a") as log:
+        for model in args.models:
+            model_dir = models.write(args.models_dir, model)
+            write_tokenizer(model_dir, models.CONFIGS[model]["vocab_size"])
+            rows = rows_by_model.setdefault(model, [])
+            for variant in args.variants:
+                if models.FAMILIES[model] not in SERVES.get(variant, (models.FAMILIES[model],)):
+                    continue
+                for strategy in args.radix_strategies:
+                    rows += serve_and_measure(model, model_dir, variant, strategy, args, log)
+                    (args.out / f"serving-{model}.json").write_text(json.dumps(dict(
+                        model=model, meta=meta, config=models.CONFIGS[model], args=vars(args) | dict(
+                            out=str(args.out), models_dir=str(args.models_dir)), rows=rows), default=str) + "\n")
+    plot(rows_by_model, args.out / "serving.png")
+    return 1 if any("error" in r for rows in rows_by_model.values() for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
