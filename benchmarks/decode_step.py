@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import replayssm as rs  # noqa: E402
 from replayssm.kernels.delta.reference import delta_step_ref  # noqa: E402
 from replayssm.kernels.mamba2.reference import mamba2_step_ref  # noqa: E402
+from replayssm.spec import model_layer  # noqa: E402
 
 ACT = torch.bfloat16
 CONV = 4
@@ -70,12 +71,10 @@ class Stack:
 
 STACKS = {
     # 52 sublayers: 24 Mamba-2, 24 MLP, 4 attention (Nemotron-H-8B's counts)
-    "nemotron-h-8b": Stack("nemotron-h-8b", 4096, "SMSMSMSMSMSMA" * 4,
-                           rs.LayerSpec.mamba2(num_heads=128, head_dim=64, state_dim=128, num_groups=8),
+    "nemotron-h-8b": Stack("nemotron-h-8b", 4096, "SMSMSMSMSMSMA" * 4, model_layer("nemotron-h"),
                            21504, "relu2", 32, 8, 128),
     # 32 blocks of mixer + MLP, mixers GDN : attention = 3 : 1 (Qwen3.5-9B-like dims)
-    "qwen3.5-9b": Stack("qwen3.5-9b", 4096, "SMSMSMAM" * 8,
-                        rs.LayerSpec.gdn(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128),
+    "qwen3.5-9b": Stack("qwen3.5-9b", 4096, "SMSMSMAM" * 8, model_layer("qwen3.5"),
                         12288, "swiglu", 16, 4, 256),
     "tiny-mamba2": Stack("tiny-mamba2", 64, "SMSA", rs.LayerSpec.mamba2(num_heads=4, head_dim=8, state_dim=16,
                                                                         num_groups=2), 96, "relu2", 4, 2, 16),

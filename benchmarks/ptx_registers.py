@@ -2,7 +2,7 @@
 
     python benchmarks/ptx_registers.py [--models qwen3.5,kimi-linear] [--arch sm_90a]
 
-Each launch is compiled as the JIT would compile it (``integrations.trtllm.aot.compile_jit``) and
+Each launch is compiled as the JIT would compile it (``integrations.trtllm.steps.compile_jit``) and
 its PTX assembled by the ptxas that ships with Triton (``ptxas -v``); a row per launch: model,
 tokens, read format, the ring's draft budget, pass, warps, rows per program, registers per
 thread and spill-store bytes. Tile choices in ``ops.TILES`` that were not timed cite it.
@@ -22,7 +22,7 @@ import triton
 sys.path.insert(0, os.path.dirname(__file__))
 from shapes import MODEL_SPECS, WINDOW  # noqa: E402
 
-from replayssm.integrations.trtllm import aot  # noqa: E402
+from replayssm.integrations.trtllm import steps  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 # (tokens, read format, ring draft budget) of the steps a deployment runs
@@ -53,9 +53,9 @@ def main():
         if model not in MODEL_SPECS:
             raise SystemExit(f"--models: expected names from {sorted(MODEL_SPECS)}, got {model!r}")
         for tokens, read_format, drafts in STEPS:
-            _, plan = aot.plan_for(model, tokens, read_format, "float32", WINDOW, max_draft_tokens=drafts)
+            _, plan = steps.plan_for(model, tokens, read_format, "float32", WINDOW, max_draft_tokens=drafts)
             for lc in plan:
-                _, compiled = aot.compile_jit(lc, args.arch.rstrip("a"))
+                _, compiled = steps.compile_jit(lc, args.arch.rstrip("a"))
                 regs, spill = registers(compiled.asm["ptx"], args.arch)
                 rows = lc.constexprs.get("BV", lc.constexprs.get("BP"))
                 print(f"{model:13s} {tokens:2d} {read_format:10s} {drafts:6d} "

@@ -11,13 +11,13 @@ from .validate import LAYER_INPUTS, check_inputs, check_slot_tensor, check_tenso
 def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bool, checked: bool) -> torch.Tensor:
     if not isinstance(pool, StatePool):
         raise TypeError(f"pool: expected a StatePool, got {type(pool).__name__}")
-    pool._layer(layer)
+    pool.check_layer(layer)
     if checked:
-        host = pool._slots(slots)
+        cpu_slots = pool.cpu_slots(slots)
     else:
-        pool._require_unchecked()
+        pool.require_unchecked()
         check_slot_tensor(slots, pool.device)
-        host = None
+        cpu_slots = None
     n = slots.numel()
     T = None
     if is_verify:
@@ -36,18 +36,18 @@ def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bo
     else:
         check_tensor("out", out, shape, pool.device, act.dtype)
     if checked:
-        keep = host >= 0
-        busy = pool.pending[layer, host[keep]]
+        keep = cpu_slots >= 0
+        busy = pool.pending[layer, cpu_slots[keep]]
         if bool((busy > 0).any()):
             raise ValueError("slots: a slot has an uncommitted verify in this layer; call pool.commit first")
         if pool.spec.family == "mamba2":
             _check_layer_A(pool, layer, inputs["A"])
     if T is None:  # decode: a token axis of one
         inputs = {k: (v if k in LAYER_INPUTS or v is None else v.unsqueeze(1)) for k, v in inputs.items()}
-    pool._backend().step(pool, layer, slots, host, inputs, committed=T is None,
-                         out=out if T is not None else out.unsqueeze(1))
+    pool.backend_ops.step(pool, layer, slots, cpu_slots, inputs, committed=T is None,
+                          out=out if T is not None else out.unsqueeze(1))
     if checked and T is not None:
-        pool.pending[layer, host[keep]] = T
+        pool.pending[layer, cpu_slots[keep]] = T
     return out
 
 

@@ -7,11 +7,10 @@ import os
 
 import torch
 
+from . import backend as backends
 from . import formats, ring
 from .spec import LayerSpec, ReplayConfig
 from .validate import check_slot_tensor, check_slots, check_tensor
-
-BACKENDS = ("auto", "reference", "triton")
 
 
 class StatePool:
@@ -30,13 +29,18 @@ class StatePool:
         spec: layer dimensions. cfg: replay configuration.
         num_layers, num_slots: pool size.
         device: where every buffer lives.
-        backend: "reference" (PyTorch, any device), "triton", or "auto".
+        backend: a registered backend (``replayssm.backend``): "reference" (PyTorch, any device),
+            "triton", or "auto" (the Triton kernels on CUDA, the reference elsewhere).
         checkpoint: optional framework-owned checkpoint tensor ``[NL, S, ...]`` (any strides)
             in the checkpoint dtype; the pool reads and writes it in place.
         state_layout: layout of ``checkpoint`` for GDN/KDA: "kv" (``[.., HV, K, V]``) or "vk".
 
+    Attributes:
+        backend: the backend's name. backend_ops: the backend (``replayssm.backend.Backend``).
+
     The pool's methods validate their arguments and may synchronize with the device; the
-    step functions ``replayssm.decode`` / ``verify`` do the math.
+    step functions ``replayssm.decode`` / ``verify`` do the math (through ``check_layer``,
+    ``cpu_slots``, ``require_unchecked`` and ``backend_ops``).
     """
 
     def __init__(self, spec: LayerSpec, cfg: ReplayConfig, *, num_layers: int, num_slots: int,
@@ -50,8 +54,8 @@ class StatePool:
         for name, value in (("num_layers", num_layers), ("num_slots", num_slots)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+        if backend != "auto" and backend not in backends.BACKENDS:
+            raise ValueError(f"backend: expected 'auto' or one of {sorted(backends.BACKENDS)}, got {backend!r}")
         if state_layout not in ("kv", "vk"):
             raise ValueError(f"state_layout: expected 'kv' or 'vk', got {state_layout!r}")
         self.spec, self.cfg = spec, cfg
@@ -60,9 +64,8 @@ class StatePool:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.backend = _resolve_backend(backend, self.device)
-        if self.backend == "triton":
-            from replayssm.kernels import backend as kernel_backend
-            kernel_backend.check(spec, cfg)
+        self.backend_ops = backends.get(self.backend)
+        self.backend_ops.check(spec, cfg)
         self.checkpoint = self._make_checkpoint(checkpoint, state_layout)
         self.read = {}
         if cfg.read_format != "checkpoint":
@@ -88,8 +91,22 @@ class StatePool:
         check_tensor("checkpoint", checkpoint, expected, self.device, dtype)
         return view
 
-    def _slots(self, slots) -> torch.Tensor:
+    def cpu_slots(self, slots) -> torch.Tensor:
+        """Validated ``slots`` (int ``[n]`` on the pool's device or the CPU: distinct, allocated or -1)
+        as an int64 CPU tensor ``[n]``; ValueError otherwise. Reads the slots on the host."""
         return check_slots(slots, self.num_slots, self.allocated, self.device)
+
+    def check_layer(self, layer) -> None:
+        """ValueError unless ``layer`` is an int in ``[0, num_layers)``."""
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer: expected an int in [0, {self.num_layers}), got {layer!r}")
+
+    def require_unchecked(self) -> None:
+        """ValueError unless the backend takes ``checked=False`` operations (it indexes rows on the
+        device: the triton backend)."""
+        if not self.backend_ops.supports_unchecked:
+            raise ValueError(f"checked: False needs the triton backend (the {self.backend!r} backend indexes rows "
+                             "on the host)")
 
     def alloc(self, n: int) -> torch.Tensor:
         """Take ``n`` free slots (int64 ``[n]`` on the pool device) with zero state and empty rings."""
@@ -98,27 +115,27 @@ class StatePool:
         free = (~self.allocated).nonzero().flatten()
         if free.numel() < n:
             raise ValueError(f"n: only {free.numel()} free slots, asked for {n}")
-        host = free[:n]
-        self.allocated[host] = True
-        slots = host.to(self.device)
+        cpu_idx = free[:n]
+        self.allocated[cpu_idx] = True
+        slots = cpu_idx.to(self.device)
         zero = torch.zeros(n, *self.spec.state_shape, dtype=torch.float32, device=self.device)
         for layer in range(self.num_layers):
-            self._store(layer, host, zero)
-        ring.reset(self.cursors, None, slots, wrote_checkpoint=False)
-        self.pending[:, host] = 0
+            self.backend_ops.store(self, layer, cpu_idx, zero)
+        ring.empty(self.cursors, None, slots, wrote_checkpoint=False)
+        self.pending[:, cpu_idx] = 0
         return slots
 
     def free(self, slots: torch.Tensor) -> None:
         """Return ``slots`` to the pool."""
-        host = self._slots(slots)
-        self.allocated[host[host >= 0]] = False
+        cpu_idx = self.cpu_slots(slots)
+        self.allocated[cpu_idx[cpu_idx >= 0]] = False
 
     def fork(self, slots: torch.Tensor) -> torch.Tensor:
         """New slots holding a copy of ``slots`` (checkpoint, read copy, ring, cursors)."""
-        host = self._slots(slots)
-        if (host < 0).any():
+        cpu_idx = self.cpu_slots(slots)
+        if (cpu_idx < 0).any():
             raise ValueError("slots: fork takes no padded rows (-1)")
-        child = self.alloc(host.numel())
+        child = self.alloc(cpu_idx.numel())
         self.copy(slots, child)
         return child
 
@@ -129,77 +146,69 @@ class StatePool:
         Args:
             src, dst: int ``[n]`` distinct slots each, no padded rows; ``dst`` disjoint from ``src``.
         """
-        src_host, dst_host = self._slots(src), self._slots(dst)
-        if src_host.numel() != dst_host.numel():
-            raise ValueError(f"dst: expected as many slots as src ({src_host.numel()}), got {dst_host.numel()}")
-        if (src_host < 0).any() or (dst_host < 0).any():
+        src_cpu, dst_cpu = self.cpu_slots(src), self.cpu_slots(dst)
+        if src_cpu.numel() != dst_cpu.numel():
+            raise ValueError(f"dst: expected as many slots as src ({src_cpu.numel()}), got {dst_cpu.numel()}")
+        if (src_cpu < 0).any() or (dst_cpu < 0).any():
             raise ValueError("src, dst: copy takes no padded rows (-1)")
-        if bool(torch.isin(dst_host, src_host).any()):
+        if bool(torch.isin(dst_cpu, src_cpu).any()):
             raise ValueError("dst: expected slots none of which is in src")
-        s, d = src_host.to(self.device), dst_host.to(self.device)
+        s, d = src_cpu.to(self.device), dst_cpu.to(self.device)
         self.checkpoint[:, d] = self.checkpoint[:, s]
         for buf in (*self.read.values(), *self.ring.values(), *self.cursors.values()):
             buf[:, d] = buf[:, s]
-        self.pending[:, dst_host] = self.pending[:, src_host]
+        self.pending[:, dst_cpu] = self.pending[:, src_cpu]
 
     def write_state(self, layer: int, slots: torch.Tensor, state: torch.Tensor) -> None:
         """Set the checkpoint of ``slots`` to ``state`` (fp32, canonical layout) and empty the ring."""
-        self._layer(layer)
-        host = self._slots(slots)
-        check_tensor("state", state, (host.numel(), *self.spec.state_shape), self.device, torch.float32)
-        keep = host >= 0
-        self._store(layer, host[keep], state[keep.to(self.device)])
-        ring.reset(self.cursors, layer, slots, wrote_checkpoint=True)
-        self.pending[layer, host[keep]] = 0
+        self.check_layer(layer)
+        cpu_idx = self.cpu_slots(slots)
+        check_tensor("state", state, (cpu_idx.numel(), *self.spec.state_shape), self.device, torch.float32)
+        keep = cpu_idx >= 0
+        self.backend_ops.store(self, layer, cpu_idx[keep], state[keep.to(self.device)])
+        ring.empty(self.cursors, layer, slots, wrote_checkpoint=True)
+        self.pending[layer, cpu_idx[keep]] = 0
 
     def read_state(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         """fp32 state after every committed token ``[n, *state_shape]``; the pool is unchanged.
 
         Tokens of an uncommitted verify are not included. Padded rows (-1) read zeros.
         """
-        self._layer(layer)
-        host = self._slots(slots)
-        out = torch.zeros(host.numel(), *self.spec.state_shape, dtype=torch.float32, device=self.device)
-        keep = host >= 0
+        self.check_layer(layer)
+        cpu_idx = self.cpu_slots(slots)
+        out = torch.zeros(cpu_idx.numel(), *self.spec.state_shape, dtype=torch.float32, device=self.device)
+        keep = cpu_idx >= 0
         if keep.any():
-            out[keep.to(self.device)] = self._backend().fold_committed(self, layer, host[keep])
+            out[keep.to(self.device)] = self.backend_ops.fold_committed(self, layer, cpu_idx[keep])
         return out
 
     def flush(self, slots: torch.Tensor, *, checked: bool = True, layer: int | None = None) -> None:
         """Fold the committed ring of ``slots`` into the checkpoint in ``layer`` or, when None,
-        every layer (materialize).
+        every layer.
 
         Afterwards the checkpoint is the state and the ring is empty; rows with an empty ring
         keep their checkpoint bytes. Refuses slots with an uncommitted verify.
 
-        On the triton backend the flush kernel folds on the device. ``checked=False`` (triton
+        The backend folds (``Backend.flush``; the triton backend on the device). ``checked=False`` (triton
         backend) reads nothing on the host: ``slots`` (int64 on the pool's device, -1 = padding;
         an index outside ``[0, num_slots)`` is a padded row too) must then be distinct and have no
         uncommitted verify, which is not checked.
         """
         if layer is not None:
-            self._layer(layer)
+            self.check_layer(layer)
         layers = range(self.num_layers) if layer is None else (layer,)
         if not checked:
-            self._require_unchecked()
+            self.require_unchecked()
             check_slot_tensor(slots, self.device)
             rows = slots
         else:
-            host = self._slots(slots)
-            host = host[host >= 0]
-            if bool((self.pending[list(layers)][:, host] > 0).any()):
+            cpu_idx = self.cpu_slots(slots)
+            cpu_idx = cpu_idx[cpu_idx >= 0]
+            if bool((self.pending[list(layers)][:, cpu_idx] > 0).any()):
                 raise ValueError("slots: a slot has an uncommitted verify; commit before flush")
-            rows = host.to(self.device)
-        if self.backend == "triton":
-            for lay in layers:
-                self._backend().flush(self, lay, rows)
-            return
+            rows = cpu_idx.to(self.device)
         for lay in layers:
-            count = self.cursors["count"][lay, host.to(self.device)].cpu()
-            rows = host[count > 0]
-            if rows.numel():
-                self._store(lay, rows, self._backend().fold_committed(self, lay, rows))
-                ring.reset(self.cursors, lay, rows.to(self.device), wrote_checkpoint=True)
+            self.backend_ops.flush(self, lay, rows)
 
     def refresh(self, slots: torch.Tensor, *, layer: int | None = None, checked: bool = True) -> None:
         """The host wrote the checkpoint of ``slots`` itself (prefill, clear, copy, load).
@@ -216,10 +225,10 @@ class StatePool:
         since every write of a checkpoint re-derives its read copy), and resets no cursor.
         """
         if layer is not None:
-            self._layer(layer)
+            self.check_layer(layer)
         layers = range(self.num_layers) if layer is None else (layer,)
         if not checked:
-            self._require_unchecked()
+            self.require_unchecked()
             check_slot_tensor(slots, self.device)
             if slots.numel() == 0:
                 return
@@ -228,9 +237,9 @@ class StatePool:
             first = slots.index_select(0, torch.argmax(real.to(torch.int8)).view(1)).clamp(min=0)  # or slot 0
             rows = torch.where(real, slots, first)
         else:
-            host = self._slots(slots)
-            host = host[host >= 0]
-            rows = host.to(self.device)
+            cpu_idx = self.cpu_slots(slots)
+            cpu_idx = cpu_idx[cpu_idx >= 0]
+            rows = cpu_idx.to(self.device)
         for lay in layers:
             if self.read and rows.numel():
                 stored = self.checkpoint[lay, rows].float()
@@ -238,9 +247,9 @@ class StatePool:
                 self.read["codes"][lay, rows] = codes
                 self.read["block_scale"][lay, rows] = bs
                 self.read["row_scale"][lay, rows] = rs
-            ring.reset(self.cursors, lay, slots, wrote_checkpoint=True)
+            ring.empty(self.cursors, lay, slots, wrote_checkpoint=True)
             if checked:
-                self.pending[lay, host] = 0
+                self.pending[lay, cpu_idx] = 0
 
     def commit(self, slots: torch.Tensor, num_accepted: torch.Tensor, *, checked: bool = True) -> None:
         """Keep the first ``num_accepted`` tokens of the last verify of ``slots``, in every layer.
@@ -254,21 +263,21 @@ class StatePool:
                 slot outside ``[0, num_slots)`` is a padded row (skipped).
         """
         if not checked:
-            self._require_unchecked()
+            self.require_unchecked()
             check_slot_tensor(slots, self.device)
             if not isinstance(num_accepted, torch.Tensor) or num_accepted.dtype.is_floating_point \
                     or num_accepted.dtype == torch.bool or tuple(num_accepted.shape) != (slots.numel(),) \
                     or num_accepted.device != self.device:
                 raise ValueError(f"num_accepted: expected an int tensor of shape [{slots.numel()}] on {self.device}")
-            self._backend().commit(self.cursors, slots, num_accepted)    # the kernel skips padded rows
+            self.backend_ops.commit(self.cursors, slots, num_accepted)    # the kernel skips padded rows
             return
-        host = self._slots(slots)
+        cpu_idx = self.cpu_slots(slots)
         if not isinstance(num_accepted, torch.Tensor) or num_accepted.dtype.is_floating_point \
-                or num_accepted.dtype == torch.bool or tuple(num_accepted.shape) != (host.numel(),):
-            raise ValueError(f"num_accepted: expected an int tensor of shape [{host.numel()}]")
+                or num_accepted.dtype == torch.bool or tuple(num_accepted.shape) != (cpu_idx.numel(),):
+            raise ValueError(f"num_accepted: expected an int tensor of shape [{cpu_idx.numel()}]")
         acc = num_accepted.cpu().to(torch.int64)
-        keep = host >= 0
-        pend = self.pending[:, host[keep]]
+        keep = cpu_idx >= 0
+        pend = self.pending[:, cpu_idx[keep]]
         if pend.numel() and bool((pend != pend[:1]).any()):
             raise ValueError("slots: layers disagree on the pending verify; verify every layer before commit")
         if keep.any():
@@ -279,29 +288,8 @@ class StatePool:
             if bool(((a < 1) | (a > T)).any()):
                 raise ValueError(f"num_accepted: expected values in 1..T (T = {T.tolist()}), got {a.tolist()}")
         acc = torch.where(keep, acc, torch.zeros_like(acc))
-        self._backend().commit(self.cursors, slots, acc.to(self.device))
-        self.pending[:, host[keep]] = 0
-
-    def _require_unchecked(self) -> None:
-        """``checked=False`` steps index rows on the device only: the Triton backend."""
-        if self.backend != "triton":
-            raise ValueError(f"checked: False needs the triton backend (the {self.backend!r} backend indexes rows "
-                             "on the host)")
-
-    def _layer(self, layer) -> None:
-        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer: expected an int in [0, {self.num_layers}), got {layer!r}")
-
-    def _backend(self):
-        if self.backend == "reference":
-            from . import backend_reference
-            return backend_reference
-        from replayssm.kernels import backend
-        return backend
-
-    def _store(self, layer: int, host_rows: torch.Tensor, state: torch.Tensor) -> None:
-        """Write fp32 ``state [r, *state_shape]`` as the checkpoint of rows and refresh the read copy."""
-        self._backend().store(self, layer, host_rows, state)
+        self.backend_ops.commit(self.cursors, slots, acc.to(self.device))
+        self.pending[:, cpu_idx[keep]] = 0
 
     def decoded_read_copy(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
         """fp32 state that non-flush steps read, canonical layout ``[r, *state_shape]``."""

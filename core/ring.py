@@ -83,8 +83,10 @@ def commit(cursors: dict[str, torch.Tensor], slots: torch.Tensor, num_accepted: 
     cursors["pending"][:, idx] = 0
 
 
-def reset(cursors: dict[str, torch.Tensor], layer: int | None, slots: torch.Tensor, *, wrote_checkpoint: bool) -> None:
-    """Empty the ring of ``slots`` (one layer, or all when ``layer`` is None), in place."""
+def empty(cursors: dict[str, torch.Tensor], layer: int | None, slots: torch.Tensor, *, wrote_checkpoint: bool) -> None:
+    """Empty the ring of ``slots`` (one layer, or all when ``layer`` is None), in place: the cursor
+    move of a refresh, of a slot's assignment and of a flush done outside a step.
+    ``wrote_checkpoint``: the checkpoint was written, so ``epoch`` counts one more write."""
     idx = row_index(slots, cursors["count"].shape[1] - 1)
     sel = (slice(None), idx) if layer is None else (layer, idx)
     for f in ("count", "origin", "pending"):

@@ -15,6 +15,14 @@ CHECKPOINT_DTYPES = {
 READ_FORMATS = ("checkpoint", "fp8", "nvfp4")
 RING_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BLOCK = 16  # elements per block scale of the fp8 / nvfp4 read copy
+# one SSM layer of each published model the benchmarks and the TensorRT AOT command name:
+# name -> ``family`` and the ``LayerSpec`` dims of that family (``model_layer`` builds the spec)
+MODELS = {
+    "nemotron-h": dict(family="mamba2", num_heads=128, head_dim=64, state_dim=128, num_groups=8),
+    "qwen3.5": dict(family="gdn", num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128),
+    "qwen3.5-122b": dict(family="gdn", num_k_heads=16, num_v_heads=64, head_k_dim=128, head_v_dim=128),
+    "kimi-linear": dict(family="kda", num_k_heads=32, num_v_heads=32, head_k_dim=128, head_v_dim=128),
+}
 
 
 def _positive(name: str, value) -> None:
@@ -155,3 +163,11 @@ class ReplayConfig:
                 axis = "state_dim" if spec.family == "mamba2" else "head_k_dim"
                 raise ValueError(f"{axis}: read_format={self.read_format!r} needs a multiple of "
                                  f"{BLOCK}, got {cols}")
+
+
+def model_layer(name: str) -> LayerSpec:
+    """The ``LayerSpec`` of one SSM layer of the published model ``name`` (a key of ``MODELS``)."""
+    if name not in MODELS:
+        raise ValueError(f"name: expected one of {sorted(MODELS)}, got {name!r}")
+    dims = dict(MODELS[name])
+    return getattr(LayerSpec, dims.pop("family"))(**dims)

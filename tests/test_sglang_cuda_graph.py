@@ -23,7 +23,7 @@ pytest.importorskip("sglang")
 import replayssm as rs  # noqa: E402
 from conftest import DEVICE  # noqa: E402
 from helpers import TOL, accepted_states, assert_same_resets, chain_oracle, rms_ratio, step_oracle  # noqa: E402
-from replayssm.integrations.sglang import hooks, pool as replay_pool  # noqa: E402
+from replayssm.integrations.sglang import hooks, pool as replay_pool, versions  # noqa: E402
 from test_unchecked import HostReads  # noqa: E402
 from test_sglang_gdn import HK, HV, K, LAYERS, SPEC, V, _gating, _req_pool, _runner  # noqa: E402
 
@@ -76,7 +76,7 @@ def _setup(server_args, cfg, gen, draft_tokens=None):
     for layer_id in LAYERS:                                   # prefill writes SGLang's [HV, V, K] state
         state = torch.randn(3, HV, V, K, generator=gen) * 0.3
         req_pool.mamba2_layer_cache(layer_id).temporal[slots] = state
-        replay_pool.after_prefill(req_pool.mamba2_layer_cache(layer_id).temporal, slots)
+        replay_pool.on_state("extend end", req_pool.mamba2_layer_cache(layer_id).temporal, slots)
         oracle.append(state.transpose(-1, -2).double())
     params = [dict(A_log=torch.randn(HV, generator=gen) * 0.5 - 1, dt_bias=torch.randn(HV, generator=gen))
               for _ in LAYERS]
@@ -251,9 +251,9 @@ def test_slot_resets_read_no_device_value():
         host_tier = MambaPoolHost(info.buffer_info, 2.0, 0, device_capacity=mp.size, pin_memory=False,
                                   layout="page_first")
         with HostReads() as found:
-            replay_pool.after_prefill(req_pool.mamba2_layer_cache(LAYERS[0]).temporal, padded)
-            replay_pool.after_host_load(host_tier, slots[1:2], 1)
-            replay_pool.after_int8_load(mp, slots[2:])
+            replay_pool.on_state("extend end", req_pool.mamba2_layer_cache(LAYERS[0]).temporal, padded)
+            replay_pool.on_state("hicache load", versions.seams().host_device_layers(host_tier)[1], slots[1:2])
+            replay_pool.on_pool("int8 load", mp, slots[2:])
         if backend == "triton":
             reads.extend(found.found)
         host_tier.destroy()

@@ -78,7 +78,7 @@ def _gdn_decode_run(backend):
     for layer, layer_id in enumerate(LAYERS):                       # prefill writes SGLang's [HV, V, K] state
         state = torch.randn(3, HV, V, K, generator=gen) * 0.3
         mp.mamba_cache.temporal[layer][slots] = state
-        replay_pool.after_prefill(req_pool.mamba2_layer_cache(layer_id).temporal, slots)
+        replay_pool.on_state("extend end", req_pool.mamba2_layer_cache(layer_id).temporal, slots)
         twin.write_state(layer, slots, state.transpose(-1, -2).contiguous())
         oracle[layer] = state.transpose(-1, -2).double()                # replayssm's [HV, K, V]
     batch = torch.cat((slots[:1], torch.tensor([-1]), slots[1:])).to(torch.int32)
@@ -169,7 +169,7 @@ def test_gdn_verify_and_commit_through_sglangs_backend(server_args, backend):
         for layer, layer_id in enumerate(LAYERS):
             state = torch.randn(2, HV, V, K, generator=gen) * 0.3
             mp.mamba_cache.temporal[layer][slots] = state
-            replay_pool.after_prefill(req_pool.mamba2_layer_cache(layer_id).temporal, slots)
+            replay_pool.on_state("extend end", req_pool.mamba2_layer_cache(layer_id).temporal, slots)
             oracle.append(state.transpose(-1, -2).double())
         T = 3
         for accepted, to_track in (([2, 3], [1, -1]), ([3, 1], [-1, 0]), ([1, 2], [0, 1]), ([3, 3], [-1, -1])):
@@ -232,7 +232,7 @@ def test_gdn_decode_track_copies_the_whole_state(replay_on):
     for layer, layer_id in enumerate(LAYERS):
         state = torch.randn(1, HV, V, K, generator=gen) * 0.3
         mp.mamba_cache.temporal[layer][src] = state
-        replay_pool.after_prefill(req_pool.mamba2_layer_cache(layer_id).temporal, src)
+        replay_pool.on_state("extend end", req_pool.mamba2_layer_cache(layer_id).temporal, src)
         oracle[layer] = state.transpose(-1, -2).double()
 
     def decode(slot):

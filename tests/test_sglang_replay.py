@@ -74,11 +74,11 @@ class Run:
         self.twin.refresh(slots)
 
     def prefill(self, slots):
-        """What SGLang's prefill does: write ``temporal`` rows, then the mixer hook's after_prefill."""
+        """What SGLang's prefill does: write ``temporal`` rows, then the mixer hook's refresh (``extend end``)."""
         for layer in range(len(LAYERS)):
             state = torch.randn(slots.numel(), H, P, N, generator=self.gen) * 0.3
             self.mp.mamba_cache.temporal[layer][slots] = state
-            replay_pool.after_prefill(self.req_pool.mamba2_layer_cache(LAYERS[layer]).temporal, slots)
+            replay_pool.on_state("extend end", self.req_pool.mamba2_layer_cache(LAYERS[layer]).temporal, slots)
             self.twin.write_state(layer, slots, state)
             for i, s in enumerate(slots.tolist()):
                 self.oracle[layer, s] = state[i].double()
@@ -193,8 +193,15 @@ def test_pool_wraps_sglang_temporal_without_copy(replay_on):
     assert mp.replay.read["codes"].dtype == torch.float8_e4m3fn
 
 
-def test_no_per_draft_snapshots_are_allocated_under_replay():
+def test_no_per_draft_snapshots_are_allocated_under_replay(monkeypatch):
     from sglang.srt.mem_cache import memory_pool
+    seen, init = [], memory_pool.MambaPool.__init__
+
+    def watched(self, **kwargs):                                # SGLang's module keeps its own torch throughout
+        seen.append(memory_pool.torch is torch)
+        init(self, **kwargs)
+
+    monkeypatch.setattr(memory_pool.MambaPool, "__init__", watched)
     plain = _req_pool(draft_tokens=3).mamba_pool               # SGLang's own pool: [layers, 9, 3, H, P, N] snapshots
     assert tuple(plain.mamba_cache.intermediate_ssm.shape) == (len(LAYERS), 9, 3, H, P, N)
     hooks.install(rs.ReplayConfig(window=4, ring_dtype="float32"))
@@ -202,7 +209,7 @@ def test_no_per_draft_snapshots_are_allocated_under_replay():
         mp = _req_pool(draft_tokens=3).mamba_pool
     finally:
         hooks.uninstall()
-    assert memory_pool.torch is torch                         # the allocation guard is gone again
+    assert memory_pool.torch is torch and seen == [True, True]
     # a stand-in of no slots: no bytes, but present per layer (SGLang's GDN / KDA verify require it)
     assert tuple(mp.mamba_cache.intermediate_ssm.shape) == (len(LAYERS), 0, 3, H, P, N)
     assert mp.mamba2_layer_cache(0).intermediate_ssm.numel() == 0
@@ -507,7 +514,7 @@ def test_finishing_request_slot_is_flushed_before_the_tree_takes_it(replay_on):
     for _ in range(6):
         run.decode(slot)
     assert mp.replay.cursors["count"][:, slot].eq(2).all()
-    replay_pool.flush_for_tree(run.req_pool, slot[0])
+    replay_pool.on_pool("tree donation", mp, run.req_pool.translate_mamba_indices(slot[0].view(1)))
     assert mp.replay.cursors["count"][:, slot].eq(0).all()
     for layer in range(len(LAYERS)):
         assert rms_ratio(mp.mamba_cache.temporal[layer, slot[0]], run.oracle[layer, slot.item()]) < TOL["float32"]

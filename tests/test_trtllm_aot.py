@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from replayssm.integrations.trtllm import aot, ptx_launch
+from replayssm.integrations.trtllm import ptx_launch, steps
 from replayssm.integrations.trtllm import plugin_desc as pd
 from replayssm.ring import RING_VERSION
 
@@ -17,11 +17,11 @@ N, S = 3, 5
 # each step of the CLI's index rebuilt through ptx_launch.build_step, as the plugin compiles it
 _REFERENCE = """
 import json, os, sys
-from replayssm.integrations.trtllm import aot, ptx_launch
+from replayssm.integrations.trtllm import ptx_launch, steps
 index = json.load(open(os.path.join(sys.argv[1], "manifest.json")))
 ref = {}
 for s in index["steps"]:
-    spec, cfg = aot.model_config(s["dims"], s["tokens"], s["read_format"], s["checkpoint_dtype"], s["window"],
+    spec, cfg = steps.model_config(s["dims"], s["tokens"], s["read_format"], s["checkpoint_dtype"], s["window"],
                                  s["max_draft_tokens"])
     ref[s["dir"]] = ptx_launch.build_step(spec, cfg, op=s["op"], tokens=s["tokens"], has_z=s["has_z"], arch=sys.argv[2])
 print(json.dumps(ref))
@@ -59,12 +59,12 @@ def test_cli_writes_the_plugin_layers(tmp_path):
             assert g["ptx"] == w["ptx"], g["plugin_id"]
             assert {k: v for k, v in g.items() if k != "file"} == w, g["plugin_id"]
 
-        assert s["dims"] == dict(family=s["family"], **{k: v for k, v in aot.MODELS[s["model"]].items()
+        assert s["dims"] == dict(family=s["family"], **{k: v for k, v in steps.MODELS[s["model"]].items()
                                                         if k != "family"})
-        spec, cfg = aot.model_config(s["model"], s["tokens"], s["read_format"], s["checkpoint_dtype"], s["window"],
+        spec, cfg = steps.model_config(s["model"], s["tokens"], s["read_format"], s["checkpoint_dtype"], s["window"],
                                      s["max_draft_tokens"])
         descs = pd.describe_step(spec, cfg, op=s["op"], tokens=s["tokens"], has_z=s["has_z"])
-        bufs = aot.materialize(aot.step_buffers(spec, cfg, s["tokens"], has_z=s["has_z"]), N, S, device="cpu")
+        bufs = steps.allocate(steps.step_buffers(spec, cfg, s["tokens"], has_z=s["has_z"]), N, S, device="cpu")
         bufs["pending"] = torch.zeros(S + 1, dtype=torch.int32)
         for entry, desc in zip(got["layers"], descs, strict=True):
             ptx_launch.check_ptx_params(entry, entry["ptx"])
@@ -104,7 +104,7 @@ def test_cli_models_from_a_config_file_and_from_dims(tmp_path):
                  "--dims", "mine=gdn:num_k_heads=16,num_v_heads=32,head_k_dim=128,head_v_dim=128",
                  "--tokens", "1", "--read-formats", "checkpoint")
     assert [s["model"] for s in index["steps"]] == ["qwen3.5", "Qwen3.5-like", "mine"]
-    assert all(s["dims"] == dict(aot.MODELS["qwen3.5"]) for s in index["steps"])
+    assert all(s["dims"] == dict(steps.MODELS["qwen3.5"]) for s in index["steps"])
     built_in, *others = [ptx_launch.load_step(out / s["dir"]) for s in index["steps"]]
     for other in others:
         assert [e["ptx"] for e in other["layers"]] == [e["ptx"] for e in built_in["layers"]]
@@ -112,28 +112,28 @@ def test_cli_models_from_a_config_file_and_from_dims(tmp_path):
 
 @pytest.mark.parametrize("config,dims", [
     (dict(model_type="nemotron_h", mamba_num_heads=128, mamba_head_dim=64, ssm_state_size=128, n_groups=8),
-     aot.MODELS["nemotron-h"]),
+     steps.MODELS["nemotron-h"]),
     (dict(model_type="mamba2", num_heads=8, head_dim=32, state_size=64, n_groups=2),
      dict(family="mamba2", num_heads=8, head_dim=32, state_dim=64, num_groups=2)),
     (dict(model_type="qwen3_next", linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-          linear_value_head_dim=128), aot.MODELS["qwen3.5"]),
-    (QWEN35, aot.MODELS["qwen3.5"]),
+          linear_value_head_dim=128), steps.MODELS["qwen3.5"]),
+    (QWEN35, steps.MODELS["qwen3.5"]),
     (dict(model_type="kimi_linear", linear_attn_config=dict(num_heads=32, head_dim=128, kda_layers=[1, 2])),
-     aot.MODELS["kimi-linear"]),
+     steps.MODELS["kimi-linear"]),
 ])
 def test_dims_from_config(config, dims):
-    assert aot.dims_from_config(config) == dims
+    assert steps.dims_from_config(config) == dims
 
 
 def test_dims_from_config_refusals():
     with pytest.raises(ValueError, match="model_type: expected a model with replayed layers.*got 'llama'"):
-        aot.dims_from_config(dict(model_type="llama"))
+        steps.dims_from_config(dict(model_type="llama"))
     with pytest.raises(ValueError, match="linear_attn_config.head_dim: expected an int in a kimi_linear config"):
-        aot.dims_from_config(dict(model_type="kimi_linear", linear_attn_config=dict(num_heads=32)))
+        steps.dims_from_config(dict(model_type="kimi_linear", linear_attn_config=dict(num_heads=32)))
     with pytest.raises(ValueError, match="gdn: missing head_v_dim"):
-        aot.parse_dims("gdn:num_k_heads=1,num_v_heads=2,head_k_dim=16")
+        steps.parse_dims("gdn:num_k_heads=1,num_v_heads=2,head_k_dim=16")
     with pytest.raises(ValueError, match="expected FAMILY:key=value"):
-        aot.parse_dims("rwkv:heads=4")
+        steps.parse_dims("rwkv:heads=4")
 
 
 def test_help_shows_every_default():

@@ -44,7 +44,7 @@ def _run(family, cfg, layout, steps=9, seed=0, backend="reference"):
     temporal = _framework_states(spec, cfg, layout)
     states = ReplayMambaStates(spec, cfg, temporal, state_layout=layout, backend=backend, padding_slots=PAD)
     states.host_reads = []
-    for name in ("after_prefill", "decode", "verify", "update_mamba_states", "materialize"):
+    for name in ("refresh", "decode", "verify", "update_mamba_states", "flush"):
         setattr(states, name, _watched(getattr(states, name), states.host_reads))
     # the standalone pool has a tensor of the same layout (the reference's float sums follow strides)
     ref = rs.StatePool(spec, cfg, num_layers=NL, num_slots=S, backend=backend,
@@ -58,7 +58,7 @@ def _run(family, cfg, layout, steps=9, seed=0, backend="reference"):
         temporal[layer, REAL_SLOTS] = (init[layer, REAL].transpose(-1, -2) if layout == "vk" and spec.is_delta
                                        else init[layer, REAL]).to(temporal.dtype)
         ref.write_state(layer, REF_SLOTS, init[layer])
-    states.after_prefill(SLOTS)
+    states.refresh(SLOTS)
     oracle = [init[layer, REAL].double() for layer in range(NL)]
     errs = []
     for i in range(steps):
@@ -121,7 +121,7 @@ def test_triton_backend_steps_read_no_device_value(family):
     for k in ref.cursors:                                       # the last column is the padded rows' scratch
         assert torch.equal(states.pool.cursors[k][:, :-1], ref.cursors[k][:, :-1]), k
     assert torch.equal(states.pool.checkpoint[:, REAL_SLOTS], ref.checkpoint[:, REAL_SLOTS])
-    states.materialize(SLOTS)
+    states.flush(SLOTS)
     assert states.host_reads == [] and (states.pool.cursors["count"][:, REAL_SLOTS] == 0).all()
 
 
@@ -139,7 +139,7 @@ def test_replay_over_framework_tensor(family, layout):
     assert torch.isnan(temporal[:, 1]).all() and torch.isnan(temporal[:, 2]).all()
     for layer in range(NL):
         assert rms_ratio(states.read_state(layer, SLOTS)[REAL], oracle[layer]) < TOL["float32"]
-    states.materialize(SLOTS)
+    states.flush(SLOTS)
     assert (states.pool.cursors["count"][:, REAL_SLOTS] == 0).all()
     for layer in range(NL):
         view = states.get_ssm_states(layer)[REAL_SLOTS]
@@ -248,7 +248,7 @@ def test_decode_is_captured_in_a_cuda_graph():
                                         padding_slots=PAD) for _ in range(2))
     slots = SLOTS.cuda()
     for states in (eager, graphed):
-        states.after_prefill(slots)
+        states.refresh(slots)
     params = Params(spec, NL, gen)
     inp = make_inputs(spec, params, 0, SLOTS.numel(), None, gen, device="cuda")
     static = {k: v.clone() for k, v in inp.items()}

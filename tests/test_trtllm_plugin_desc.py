@@ -11,7 +11,7 @@ import torch
 from helpers import SPECS
 
 import replayssm as rs
-from replayssm.integrations.trtllm import aot
+from replayssm.integrations.trtllm import steps
 from replayssm.integrations.trtllm import plugin_desc as pd
 from replayssm.kernels import ops
 from replayssm.kernels.formats.triton import CKPT_CODES, READ_CODES
@@ -124,7 +124,7 @@ def test_launch_equals_ops(family, op, rf):
     spec, cfg, layer = SPECS[family], _cfg(rf, "float16_sr"), 3
     descs = pd.describe_step(spec, cfg, op=op, tokens=_T(op), layer=layer)
     n, S = 5, 11  # other sizes than the descriptor's: compiled-in scalars must not depend on them
-    t = aot.materialize(aot.step_buffers(spec, cfg, _T(op), has_z=False), n, S, device="cpu")
+    t = steps.allocate(steps.step_buffers(spec, cfg, _T(op), has_z=False), n, S, device="cpu")
     plan = _ops_plan(spec, cfg, t, op == "decode", layer)
     assert len(plan) == _launches(family, op, rf) == len(descs) - 1
     for desc, lc in zip(descs, plan):
@@ -209,15 +209,15 @@ def test_gate_only_for_mamba2():
 _COMPILE = """
 import json
 import replayssm as rs
-from replayssm.integrations.trtllm import aot, plugin_desc as pd
-spec, _ = aot.plan_for("kimi-linear", 1, "fp8", "float32", 16)
+from replayssm.integrations.trtllm import plugin_desc as pd, steps
+spec, _ = steps.plan_for("kimi-linear", 1, "fp8", "float32", 16)
 cfg = rs.ReplayConfig(window=16, read_format="fp8", ring_dtype="bfloat16")
 out = [{k: v for k, v in pd.compile_kernel(d, "sm_90").items() if k != "ptx"} | {"entry": pd.compile_kernel(d)["ptx"]
        .count(".entry " + d.kernel.kernel_name + "(")} for d in pd.describe_step(spec, cfg, op="decode", tokens=1)]
 man = [dict(name=lc.kernel.__name__, grid=list(lc.grid), block=[32 * lc.num_warps, 1, 1],
-            args=[dict(name=k, type=v) for k, v in aot._signature(lc.kernel, lc.args, lc.constexprs).items()
+            args=[dict(name=k, type=v) for k, v in steps.launch_signature(lc.kernel, lc.args, lc.constexprs).items()
                   if v != "constexpr"])
-       for lc in aot.plan_for("kimi-linear", 1, "fp8", "float32", 16)[1]]
+       for lc in steps.plan_for("kimi-linear", 1, "fp8", "float32", 16)[1]]
 print(json.dumps(dict(plugins=out, manifest=man)))
 """
 

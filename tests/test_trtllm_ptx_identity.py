@@ -41,7 +41,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 
 import replayssm as rs
-from replayssm.integrations.trtllm import aot, plugin_desc as pd
+from replayssm.integrations.trtllm import plugin_desc as pd, steps
 from helpers import SPECS
 
 N, S = 4, 6  # the GPU tests' rows and slots: no size 1, no multiple of 16 (advance specializes n, S)
@@ -78,8 +78,8 @@ cfg = rs.ReplayConfig(window=4, max_draft_tokens=2, read_format=rf, checkpoint_d
                       seed=int(sys.argv[7]))
 has_z = family == "mamba2"
 descs = pd.describe_step(spec, cfg, op=op, tokens=T, layer=layer, has_z=has_z, state_layout=layout)
-t = aot.materialize(aot.step_buffers(spec, cfg, T, has_z=has_z, state_layout=layout), N, S, device="cpu")
-plan = aot.step_plan(spec, cfg, t, committed=op == "decode", layer=layer, state_layout=layout)
+t = steps.allocate(steps.step_buffers(spec, cfg, T, has_z=has_z, state_layout=layout), N, S, device="cpu")
+plan = steps.step_plan(spec, cfg, t, committed=op == "decode", layer=layer, state_layout=layout)
 cur = [torch.zeros(S + 1, dtype=torch.int32) for _ in range(4)] + [torch.zeros(N, dtype=torch.int64)]
 adv = descs[-1].kernel.launch
 plan.append(replace(adv, n=N, args=cur + [N, S] + [a for a in adv.args[7:]]))

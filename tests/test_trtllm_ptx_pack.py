@@ -13,7 +13,7 @@ import torch
 from helpers import SPECS
 
 import replayssm as rs
-from replayssm.integrations.trtllm import aot, ptx_launch
+from replayssm.integrations.trtllm import ptx_launch, steps
 from replayssm.integrations.trtllm import plugin_desc as pd
 
 CASES = [(f, op, rf) for f in SPECS for op in pd.OPS for rf in ("checkpoint", "fp8", "nvfp4")]
@@ -30,7 +30,7 @@ def _step(family, op, rf):
     has_z = family == "mamba2"
     descs = pd.describe_step(spec, cfg, op=op, tokens=T, has_z=has_z)
     entries = [ptx_launch.layer_entry(d, name=d.kernel.kernel_name, shared=0) for d in descs]
-    bufs = aot.materialize(aot.step_buffers(spec, cfg, T, has_z=has_z), N, S, device="cpu")
+    bufs = steps.allocate(steps.step_buffers(spec, cfg, T, has_z=has_z), N, S, device="cpu")
     bufs["pending"] = torch.zeros(S + 1, dtype=torch.int32)
     return descs, entries, bufs
 

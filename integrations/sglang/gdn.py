@@ -21,19 +21,19 @@ import replayssm
 from . import pool as replay_pool
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
+def l2norm(x: torch.Tensor) -> torch.Tensor:
     """SGLang's in-kernel q / k normalisation, ``x / sqrt(sum x^2 + 1e-6)`` in fp32 (for k, which enters the ring)."""
     x = x.float()
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
-def _inverse_norm(x: torch.Tensor) -> torch.Tensor:
+def inverse_norm(x: torch.Tensor) -> torch.Tensor:
     """``q_scale`` of SGLang's q normalisation, ``1 / sqrt(sum x^2 + 1e-6)`` in fp32 ``[..., HK]``: q reaches the
     kernels in its own 16 bits (exact tensor-core operands for the verify) and the factor applies to outputs."""
     return torch.rsqrt(x.float().square().sum(-1) + 1e-6)
 
 
-def _unpack_qkv(spec, mixed_qkv: torch.Tensor, num_v_heads: int, head_v_dim: int, kwargs: dict):
+def unpack_qkv(spec, mixed_qkv: torch.Tensor, num_v_heads: int, head_v_dim: int, kwargs: dict):
     """Views ``q, k [n, HK, K]``, ``v [n, HV, V]`` of SGLang's packed ``mixed_qkv [n, 2*HK*K + HV*V]``
     (GDN and KDA packed decode), after refusing SGLang's own replay buffers in ``kwargs`` and
     checking ``num_v_heads`` / ``head_v_dim`` against the pool's ``spec``."""
@@ -76,13 +76,13 @@ def replay_packed_decode(kernel, mixed_qkv: torch.Tensor, a: torch.Tensor, b: to
     spec = owner.replay.spec
     if spec.family != "gdn":
         raise ValueError(f"ssm_states: a {spec.family} pool reached the GDN kernel")
-    q, k, v = _unpack_qkv(spec, mixed_qkv, num_v_heads, head_v_dim, kwargs)
-    slots = replay_pool._slots(owner.replay, cache_indices)
+    q, k, v = unpack_qkv(spec, mixed_qkv, num_v_heads, head_v_dim, kwargs)
+    slots = replay_pool.replay_slots(owner.replay, cache_indices)
     g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float(), threshold=20.0)
     beta = torch.sigmoid(b.float()).to(b.dtype).float()
     out = torch.empty(v.shape, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
     replayssm.decode(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=q, q_scale=_inverse_norm(q), k=_l2norm(k).to(owner.replay.cfg.torch_ring_dtype), v=v,
+                     q=q, q_scale=inverse_norm(q), k=l2norm(k).to(owner.replay.cfg.torch_ring_dtype), v=v,
                      g=g, beta=beta, scale=scale)
     return out.unsqueeze(0)
 
@@ -120,13 +120,13 @@ def replay_target_verify(kernel, A_log: torch.Tensor, dt_bias: torch.Tensor, q: 
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != (n * T, HV):
             raise ValueError(f"{name}: expected [{n * T}, {HV}], got {getattr(t, 'shape', None)}")
-    slots = replay_pool._slots(owner.replay, cache_indices)
+    slots = replay_pool.replay_slots(owner.replay, cache_indices)
     g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float(), threshold=20.0)
     beta = torch.sigmoid(b.float())
     out = torch.empty(n, T, HV, V, dtype=v.dtype, device=v.device)
     replayssm.verify(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=q[0].unflatten(0, (n, T)), q_scale=_inverse_norm(q[0].unflatten(0, (n, T))),
-                     k=_l2norm(k[0].unflatten(0, (n, T))).to(owner.replay.cfg.torch_ring_dtype),
+                     q=q[0].unflatten(0, (n, T)), q_scale=inverse_norm(q[0].unflatten(0, (n, T))),
+                     k=l2norm(k[0].unflatten(0, (n, T))).to(owner.replay.cfg.torch_ring_dtype),
                      v=v[0].unflatten(0, (n, T)), g=g.view(n, T, HV), beta=beta.view(n, T, HV),
                      scale=kwargs.get("scale") or K ** -0.5)
     return out.view(1, n * T, HV, V)

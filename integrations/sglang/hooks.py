@@ -6,20 +6,21 @@ where the releases differ, ``versions``).
 | ``HybridReqToTokenPool.mamba_pool_cls`` | ``ReplayMambaPool`` bound to the config (set explicitly: a class REPLACE of ``MambaPool`` would not reach this attribute); it allocates no per-draft ``intermediate_ssm`` |
 | ``KVCacheConfigurator._handle_max_mamba_cache`` | the mamba pool's size budgets ring, read copy and cursors per slot and reserves no per-draft snapshots |
 | ``layers.attention.mamba.mamba.selective_state_update`` (``MambaMixer2``'s call sites) | replay decode / verify; a state outside a replay pool is refused |
-| ``MambaMixer2.forward`` | before its chunk scan, fold the rows' rings (a mixed batch's decode rows); after it wrote ``temporal``, reset those rows' rings and read copy |
+| ``MambaMixer2.forward`` | before its chunk scan, flush the rows (a mixed batch's decode rows); after it wrote ``temporal``, refresh them |
 | ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
 | ``MambaComponent.prepare_for_caching_req`` | a finished request's slot is flushed before the radix tree takes it |
 | ``TritonGDNKernel.packed_decode`` / ``target_verify`` (``GDNAttnBackend``'s kernel seam) | replay GDN decode / verify |
 | ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
-| ``GDNAttnBackend.forward_extend`` | around an extend (not a verify): the rows' rings folded before, reset with the read copy after |
+| ``GDNAttnBackend.forward_extend`` | around an extend (not a verify): the rows flushed before, refreshed after |
 | ``TritonKDAKernel.packed_decode`` / ``decode`` / ``target_verify`` (``KDAAttnBackend``'s kernel seam) | replay KDA decode / verify |
 | ``kda_fused_decode.covered``, ``KDAAttnBackend._can_run_fused_chain_verify`` (0.5.23) / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
-| ``KDAAttnBackend.forward_extend`` | around an extend (not a verify): the rows' rings folded before, reset with the read copy after |
-| ``MambaPoolHost.backup_from_device_all_layer`` / ``load_to_device_per_layer`` (HiCache's host tier) | slots flushed before a backup; rings reset and read copy re-derived after each layer's load |
-| ``MambaCheckpointPool.store_from_active`` / ``load_to_active`` (int8 radix store) | active slots flushed before a store; rings reset and read copy re-derived after a load |
-| ``ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt`` (PD decode side) | the transferred requests' rings reset and read copies re-derived |
+| ``KDAAttnBackend.forward_extend`` | around an extend (not a verify): the rows flushed before, refreshed after |
+| ``MambaPoolHost.backup_from_device_all_layer`` / ``load_to_device_per_layer`` (HiCache's host tier) | slots flushed before a backup, refreshed after each layer's load |
+| ``MambaCheckpointPool.store_from_active`` / ``load_to_active`` (int8 radix store) | active slots flushed before a store, refreshed after a load |
+| ``ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt`` (PD decode side) | the transferred requests' slots refreshed |
 | ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, and GDN / KDA kernels other than Triton |
 
+Every slot event takes its StatePool verb from ``pool.EVENTS`` (``pool.on_state`` / ``on_pool``).
 ``install`` is idempotent per process and all or nothing (a patch that fails undoes the others);
 ``uninstall`` restores SGLang's originals.
 """
@@ -105,9 +106,11 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
     _patch(hlab.HybridLinearAttnBackend, "update_mamba_state_after_mtp_verify", update_mamba_state_after_mtp_verify)
 
     def flush_finished(component, req, insert_params, token_ids_len, is_finished):
-        slot = seams.req_mamba_slot(req)
-        if is_finished and slot is not None:
-            pool.flush_for_tree(component.cache.req_to_token_pool, slot)
+        # the radix tree then holds the whole state at the request's last token, with its conv
+        # window at the same token
+        if is_finished:
+            req_pool = component.cache.req_to_token_pool
+            pool.on_pool("tree donation", req_pool.mamba_pool, pool.request_slots(req_pool, [req]))
 
     _around(MambaComponent, "prepare_for_caching_req", before=flush_finished)
 
@@ -143,22 +146,32 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
         _patch(hlab, name, functools.partial(pool.track_copy, getattr(hlab, name)))
     _around(hlab.MambaAttnBackendBase, "_track_mamba_state_extend",
             after=lambda backend, forward_batch, h, ssm_states, forward_metadata, *args, **kwargs:
-            pool.after_track_extend(ssm_states, forward_metadata))
-    # HiCache's host tier, the int8 radix store, PD disaggregation's decode side
-    _around(MambaPoolHost, "backup_from_device_all_layer",
-            before=lambda host, device_pool, host_indices, device_indices, *args, **kwargs:
-            pool.before_host_backup(host, device_indices))
+            pool.on_state("track extend", ssm_states, pool.track_extend_slots(forward_metadata)))
+    # HiCache's host tier: a backup flushes every layer the host pool backs up (on 0.5.23 MTP draft
+    # layers too, when their pool replays), on SGLang's device-to-host stream; a radix-tree slot's
+    # ring is already empty, a slot backed up while it decodes (a retracted request) is not. A load
+    # refreshes that layer on the host-to-device stream before SGLang signals the layer done (on the
+    # Triton backend reading no device value, so the load stays asynchronous)
+    def flush_backup(host, device_pool, host_indices, device_indices, *args, **kwargs):
+        for state in seams.host_device_layers(host):
+            pool.on_state("hicache backup", state, device_indices)
+
+    _around(MambaPoolHost, "backup_from_device_all_layer", before=flush_backup)
     _around(MambaPoolHost, "load_to_device_per_layer",
             after=lambda host, device_pool, host_indices, device_indices, layer_id, *args, **kwargs:
-            pool.after_host_load(host, device_indices, layer_id))
+            pool.on_state("hicache load", seams.host_device_layers(host)[layer_id], device_indices))
+    # the int8 radix store: a store quantizes the active slots for the tree, a hit writes them
     _around(MambaCheckpointPool, "store_from_active",
             before=lambda store, active_mamba_pool, active_slots, ckpt_slots:
-            pool.before_int8_store(active_mamba_pool, active_slots))
+            pool.on_pool("int8 store", active_mamba_pool, active_slots))
     _around(MambaCheckpointPool, "load_to_active",
             after=lambda store, active_mamba_pool, ckpt_slots, active_slots:
-            pool.after_int8_load(active_mamba_pool, active_slots))
+            pool.on_pool("int8 load", active_mamba_pool, active_slots))
+    # PD disaggregation, decode side: the prefill server's whole state landed in a PREBUILT batch's
+    # slots (no forward runs before their first decode), whose rings still hold the previous occupant's
     _around(ScheduleBatchDisaggregationDecodeMixin, "prepare_for_prebuilt",
-            after=lambda batch: pool.after_transfer(batch.req_to_token_pool, batch.reqs))
+            after=lambda batch: pool.on_pool("transfer", batch.req_to_token_pool.mamba_pool,
+                                             pool.request_slots(batch.req_to_token_pool, batch.reqs)))
     _around(hlab.MambaAttnBackendBase, "__init__",
             after=lambda backend, model_runner: check_linear_backend(backend, model_runner))
 
@@ -190,9 +203,9 @@ def around_mixer_forward(mixer_forward):
         if meta.num_prefills == 0:
             return mixer_forward(self, **kwargs)
         state, rows = kwargs["layer_cache"].temporal, meta.mamba_cache_indices[:meta.num_prefills]
-        pool.before_extend(state, rows)
+        pool.on_state("extend start", state, rows)
         result = mixer_forward(self, **kwargs)
-        pool.after_prefill(state, rows)
+        pool.on_state("extend end", state, rows)
         return result
 
     return forward
@@ -208,9 +221,9 @@ def around_extend(extend):
             return extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
         state = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal
         rows = self.forward_metadata.mamba_cache_indices
-        pool.before_extend(state, rows)
+        pool.on_state("extend start", state, rows)
         result = extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
-        pool.after_prefill(state, rows)
+        pool.on_state("extend end", state, rows)
         return result
 
     return forward_extend

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import replayssm
 
 from . import pool as replay_pool
-from .gdn import _inverse_norm, _l2norm, _unpack_qkv
+from .gdn import inverse_norm, l2norm, unpack_qkv
 
 
 def _owner(ssm_states: torch.Tensor):
@@ -56,11 +56,11 @@ def _step(ssm_states, q, k, v, a, b, A_log, dt_bias, lower_bound, scale, cache_i
     spec = owner.replay.spec
     n = q.shape[0]
     g, beta = _gates(a, b, A_log, dt_bias, lower_bound, n, spec.num_v_heads, spec.head_k_dim)
-    slots = replay_pool._slots(owner.replay, cache_indices)
+    slots = replay_pool.replay_slots(owner.replay, cache_indices)
     out = torch.empty(n, spec.num_v_heads, spec.head_v_dim, dtype=v.dtype, device=v.device)
     replayssm.decode(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=q, q_scale=_inverse_norm(q),
-                     k=_l2norm(k).to(owner.replay.cfg.torch_ring_dtype), v=v, g=g, beta=beta,
+                     q=q, q_scale=inverse_norm(q),
+                     k=l2norm(k).to(owner.replay.cfg.torch_ring_dtype), v=v, g=g, beta=beta,
                      scale=scale if scale is not None else spec.head_k_dim ** -0.5)
     return out.unsqueeze(0)
 
@@ -85,7 +85,7 @@ def replay_packed_decode(kernel, mixed_qkv: torch.Tensor, a: torch.Tensor, b: to
         A fresh ``[1, B, HV, V]`` tensor in mixed_qkv's dtype.
     """
     owner, _ = _owner(ssm_states)
-    q, k, v = _unpack_qkv(owner.replay.spec, mixed_qkv, num_v_heads, head_v_dim, kwargs)
+    q, k, v = unpack_qkv(owner.replay.spec, mixed_qkv, num_v_heads, head_v_dim, kwargs)
     return _step(ssm_states, q, k, v, a, b, A_log, dt_bias, lower_bound, scale, cache_indices)
 
 
@@ -148,12 +148,12 @@ def replay_target_verify(kernel, A_log: torch.Tensor, dt_bias: torch.Tensor, q: 
             raise ValueError(f"{name}: expected [1, {n * T}, {heads}, {dim}] (n = {n} rows of T = {T} tokens, "
                              f"a dense chain), got {getattr(t, 'shape', None)}")
     g, beta = _gates(a, b, A_log, dt_bias, lower_bound, n * T, HV, K)
-    slots = replay_pool._slots(owner.replay, cache_indices)
+    slots = replay_pool.replay_slots(owner.replay, cache_indices)
     out = torch.empty(n, T, HV, V, dtype=v.dtype, device=v.device)
     scale = kwargs.get("scale")
     replayssm.verify(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=q[0].unflatten(0, (n, T)), q_scale=_inverse_norm(q[0].unflatten(0, (n, T))),
-                     k=_l2norm(k[0].unflatten(0, (n, T))).to(owner.replay.cfg.torch_ring_dtype),
+                     q=q[0].unflatten(0, (n, T)), q_scale=inverse_norm(q[0].unflatten(0, (n, T))),
+                     k=l2norm(k[0].unflatten(0, (n, T))).to(owner.replay.cfg.torch_ring_dtype),
                      v=v[0].unflatten(0, (n, T)), g=g.view(n, T, HV, K), beta=beta.view(n, T, HV),
                      scale=scale if scale is not None else K ** -0.5)
     return out.view(1, n * T, HV, V)

@@ -65,7 +65,7 @@ def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias
     is_verify, inputs = step_inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus=dt_softplus,
                                     state_batch_indices=state_batch_indices, out=out,
                                     disable_state_update=disable_state_update, cache_steps=cache_steps)
-    slots = replay_pool._slots(owner.replay, state_batch_indices)
+    slots = replay_pool.replay_slots(owner.replay, state_batch_indices)
     step = replayssm.verify if is_verify else replayssm.decode
     return step(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay), **inputs)
 
@@ -106,13 +106,13 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_
         steps = mamba_steps_to_track[:n].cpu().to(torch.int64)
         rows = (steps >= 0).nonzero().flatten()
         if rows.numel():
-            dst = replay_pool._slots(pool, track[:n].cpu()[rows])
-            pool.copy(replay_pool._slots(pool, slots[:n].cpu()[rows]), dst)
+            dst = replay_pool.replay_slots(pool, track[:n].cpu()[rows])
+            pool.copy(replay_pool.replay_slots(pool, slots[:n].cpu()[rows]), dst)
             pool.commit(dst, (steps[rows] + 1).to(pool.device), checked=ck)
             pool.flush(dst, checked=ck)
     for conv, window in zip(caches.conv, caches.intermediate_conv_window):
         for dst_slots, dst_steps in scatters:
             seams.scatter_conv_window(conv, window, dst_slots, dst_steps, src_rows)
     seams.commit_side_states(backend, slots, last_correct_step_indices, track_args, src_rows)
-    pool.commit(replay_pool._slots(pool, slots), last_correct_step_indices + 1, checked=ck)
+    pool.commit(replay_pool.replay_slots(pool, slots), last_correct_step_indices + 1, checked=ck)
     return True

@@ -4,22 +4,27 @@
 SGLang's own ``temporal`` tensor (its checkpoint dtype; Mamba-2 ``[layers, size + 1, H, P, N]``,
 GDN / KDA ``[layers, size + 1, HV, V, K]``, used through a transposed view) is the
 replay checkpoint, wrapped without a copy by one ``replayssm.StatePool`` per mamba pool; the
-ring, cursors and read copy are the StatePool's and follow every slot event SGLang issues:
+ring, cursors and read copy are the StatePool's and follow every slot event SGLang issues, each
+taking one of the pool's verbs (``EVENTS``; ``on_event`` applies it): ``flush`` folds the slots'
+rings into the checkpoint before SGLang reads or copies it, ``refresh`` empties their rings and
+re-derives the read copy after SGLang wrote it.
 
-| SGLang event | replay side |
-|---|---|
-| ``clear_slots`` (fresh slot, zeroed state) | cursors reset, read copy re-derived |
-| ``copy_from`` (COW on a radix hit, no_buffer copy for the tree) | source flushed first, destination cursors reset and read copy re-derived |
-| ``get_cpu_copy`` (host tier / transfer) | slots flushed first, so the copy is the whole state |
-| ``load_cpu_copy`` | cursors reset, read copy re-derived |
-| int8 radix store (``MambaCheckpointPool.store_from_active``, ``--enable-int8-mamba-checkpoint``) | active slots flushed first |
-| int8 radix hit (``MambaCheckpointPool.load_to_active``: the copy-on-write) | active slots' cursors reset, read copy re-derived |
-| HiCache backup (``MambaPoolHost.backup_from_device_all_layer``, ``before_host_backup``) | slots flushed first, on the transfer stream |
-| HiCache load (``MambaPoolHost.load_to_device_per_layer``, ``after_host_load``) | that layer's cursors reset and read copy re-derived, before the layer's completion event |
-| an extend about to read ``temporal`` as its rows' initial states (``before_extend``, mixer / backend hook) | those rows' rings folded first: a mixed batch's decode rows ride along as one-token extends |
-| prefill writing ``temporal`` (``after_prefill``, called by the mixer / backend hook) | cursors of that layer reset, read copy re-derived |
-| PD disaggregation, decode side: a transferred request's first batch (``ScheduleBatch.prepare_for_prebuilt``, ``after_transfer``) | cursors reset, read copy re-derived from the state the prefill server sent |
-| a finished request's slot donated to the radix tree (``flush_for_tree``, called by the ``MambaComponent`` hook) | slot flushed first |
+| ``EVENTS`` key | SGLang event | verb |
+|---|---|---|
+| ``clear`` | ``clear_slots`` (fresh slot, zeroed state) | refresh |
+| ``copy source`` / ``copy destination`` | ``copy_from`` (COW on a radix hit, no_buffer copy for the tree) | flush / refresh |
+| ``cpu copy`` | ``get_cpu_copy`` (host tier / transfer): the copy is the whole state | flush |
+| ``cpu load`` | ``load_cpu_copy`` | refresh |
+| ``int8 store`` | int8 radix store (``MambaCheckpointPool.store_from_active``, ``--enable-int8-mamba-checkpoint``) | flush |
+| ``int8 load`` | int8 radix hit (``MambaCheckpointPool.load_to_active``: the copy-on-write) | refresh |
+| ``hicache backup`` | HiCache backup (``MambaPoolHost.backup_from_device_all_layer``), on the transfer stream | flush |
+| ``hicache load`` | HiCache load (``MambaPoolHost.load_to_device_per_layer``), that layer, before its completion event | refresh |
+| ``extend start`` | an extend about to read ``temporal`` as its rows' initial states (mixer / backend hook): a mixed batch's decode rows ride along as one-token extends | flush |
+| ``extend end`` | the extend (a prefill) wrote ``temporal`` (mixer / backend hook), that layer | refresh |
+| ``transfer`` | PD disaggregation, decode side: a transferred request's first batch (``ScheduleBatch.prepare_for_prebuilt``): the state the prefill server sent | refresh |
+| ``tree donation`` | a finished request's slot donated to the radix tree (``MambaComponent.prepare_for_caching_req``) | flush |
+| ``track source`` / ``track destination`` | extra_buffer's track copy (``track_copy``) | flush / refresh |
+| ``track extend`` | extra_buffer's extend track wrote the track slots (``_track_mamba_state_extend``) | refresh |
 
 Slot allocation stays SGLang's (``MambaSlotAllocator``); every pool slot is open to the
 StatePool. Slot ``-1`` is SGLang's padding row, as in replayssm.
@@ -40,6 +45,25 @@ from replayssm.pool import side_bytes_per_slot
 from . import versions
 
 _BY_STATE: dict[tuple[int, tuple[int, ...]], tuple[weakref.ref, int]] = {}
+
+EVENTS = {
+    "clear": "refresh",
+    "copy source": "flush",
+    "copy destination": "refresh",
+    "cpu copy": "flush",
+    "cpu load": "refresh",
+    "int8 store": "flush",
+    "int8 load": "refresh",
+    "hicache backup": "flush",
+    "hicache load": "refresh",
+    "extend start": "flush",
+    "extend end": "refresh",
+    "transfer": "refresh",
+    "tree donation": "flush",
+    "track source": "flush",
+    "track destination": "refresh",
+    "track extend": "refresh",
+}
 
 
 def layer_spec(cache_params) -> LayerSpec:
@@ -125,20 +149,20 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
 
         def clear_slots(self, indices: torch.Tensor):
             super().clear_slots(indices)
-            _refresh(self.replay, indices)
+            on_event("clear", self.replay, indices)
 
         def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
-            _flush(self.replay, src_indices.unique())
+            on_event("copy source", self.replay, src_indices.unique())
             super().copy_from(src_indices, dst_indices)
-            _refresh(self.replay, dst_indices)
+            on_event("copy destination", self.replay, dst_indices)
 
         def get_cpu_copy(self, indices):
-            _flush(self.replay, indices.unique())
+            on_event("cpu copy", self.replay, indices.unique())
             return super().get_cpu_copy(indices)
 
         def load_cpu_copy(self, mamba_cache_cpu, indices):
             super().load_cpu_copy(mamba_cache_cpu, indices)
-            _refresh(self.replay, indices)
+            on_event("cpu load", self.replay, indices)
 
     return ReplayMambaPool
 
@@ -176,44 +200,45 @@ def replay_budget(cfg: ReplayConfig, handle):
     return _handle_max_mamba_cache
 
 
+class _WithoutAllocation(torch.overrides.TorchFunctionMode):
+    """A torch function mode in which ``torch.zeros`` of exactly ``shape`` (the per-draft
+    ``intermediate_ssm`` snapshots ``[layers, slots, T, ...]``) returns a placeholder of no slots
+    ``[layers, 0, T, ...]`` instead of allocating (``skipped`` counts them); every other torch call
+    runs as it would. Active on the constructing thread only, around ``MambaPool.__init__``."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        super().__init__()
+        self.shape, self.skipped = shape, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.zeros:
+            size = kwargs.get("size", args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args)
+            if tuple(size) == self.shape:
+                self.skipped += 1
+                # no bytes, but one (empty) entry per layer: SGLang indexes it by layer
+                return torch.empty((self.shape[0], 0, *self.shape[2:]), dtype=kwargs.get("dtype"),
+                                   device=kwargs.get("device"))
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def _without_allocation(shape: tuple[int, ...]):
-    """While SGLang's ``MambaPool.__init__`` runs: its module's ``torch.zeros`` of exactly ``shape``
-    (the per-draft ``intermediate_ssm`` snapshots ``[layers, slots, T, ...]``) returns a placeholder of
-    no slots ``[layers, 0, T, ...]`` instead of allocating, and must do so exactly once. Every other
-    name of ``torch`` there is torch's."""
-    from sglang.srt.mem_cache import memory_pool
-
-    skipped = []
-
-    class _Torch:
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        @staticmethod
-        def zeros(*args, **kwargs):
-            size = kwargs.get("size", args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args)
-            if tuple(size) == shape:
-                skipped.append(size)
-                # no bytes, but one (empty) entry per layer: SGLang indexes it by layer
-                return torch.empty((shape[0], 0, *shape[2:]), dtype=kwargs.get("dtype"), device=kwargs.get("device"))
-            return torch.zeros(*args, **kwargs)
-
-    original, memory_pool.torch = memory_pool.torch, _Torch()
-    try:
+    """While SGLang's ``MambaPool.__init__`` runs: its ``torch.zeros`` of exactly ``shape`` returns a
+    placeholder instead of allocating (``_WithoutAllocation``), and must do so exactly once."""
+    mode = _WithoutAllocation(shape)
+    with mode:
         yield
-    finally:
-        memory_pool.torch = original
-    if len(skipped) != 1:
+    if mode.skipped != 1:
         raise RuntimeError(f"sglang MambaPool: expected one per-draft snapshot allocation of shape {list(shape)} "
-                           f"to skip, saw {len(skipped)}; this SGLang is not a release the plugin serves")
+                           f"to skip, saw {mode.skipped}; this SGLang is not a release the plugin serves")
 
 
 def _key(state: torch.Tensor) -> tuple[int, tuple[int, ...]]:
     return state.data_ptr(), tuple(state.shape)
 
 
-def _slots(pool: StatePool, indices: torch.Tensor) -> torch.Tensor:
+def replay_slots(pool: StatePool, indices: torch.Tensor) -> torch.Tensor:
     """SGLang slot indices (int32/int64 ``[n]``) as StatePool slots (int64 on the pool device)."""
     if not isinstance(indices, torch.Tensor) or indices.dtype not in (torch.int32, torch.int64) \
             or indices.dim() != 1:
@@ -222,27 +247,41 @@ def _slots(pool: StatePool, indices: torch.Tensor) -> torch.Tensor:
     return indices.to(device=pool.device, dtype=torch.int64)
 
 
-def _flush(replay: StatePool, indices: torch.Tensor, layer: int | None = None) -> None:
-    """``replay.flush`` of SGLang slot ``indices`` (distinct), in ``layer`` or every layer, unchecked
-    on the Triton backend."""
-    replay.flush(_slots(replay, indices), layer=layer, checked=checked(replay))
+def on_event(event: str, replay: StatePool | None, indices: torch.Tensor | None, layer: int | None = None, *,
+             verified: bool | None = None) -> None:
+    """SGLang's slot ``event`` (an ``EVENTS`` key) on ``replay``: its verb (``StatePool.flush`` or
+    ``refresh``) on SGLang slot ``indices`` (int32/int64 ``[n]``, distinct), in ``layer`` or every
+    layer, in place. ``verified``: the verb's ``checked``; None: ``checked(replay)`` (unchecked on
+    the Triton backend). Nothing happens for ``replay`` None (not a replay pool) or no ``indices``."""
+    verb = getattr(StatePool, EVENTS[event])
+    if replay is not None and indices is not None:
+        verb(replay, replay_slots(replay, indices), layer=layer,
+             checked=checked(replay) if verified is None else verified)
 
 
-def _refresh(replay: StatePool, indices: torch.Tensor, layer: int | None = None) -> None:
-    """``replay.refresh`` of SGLang slot ``indices`` (distinct), in ``layer`` or every layer, unchecked
-    on the Triton backend."""
-    replay.refresh(_slots(replay, indices), layer=layer, checked=checked(replay))
+def on_state(event: str, ssm_state: torch.Tensor, indices: torch.Tensor) -> None:
+    """``on_event`` on the replay pool and layer whose checkpoint is ``ssm_state`` (one layer of a
+    ``ReplayMambaPool``'s ``temporal``: ``lookup``); a state of no replay pool is left alone."""
+    found = lookup(ssm_state)
+    if found is not None:
+        on_event(event, found[0].replay, indices, found[1])
+
+
+def on_pool(event: str, mamba_pool, indices: torch.Tensor | None) -> None:
+    """``on_event`` in every layer of ``mamba_pool`` (SGLang's mamba pool); no-op unless it is a
+    ``ReplayMambaPool``."""
+    on_event(event, getattr(mamba_pool, "replay", None), indices)
 
 
 def checked(pool: StatePool) -> bool:
     """Whether steps, commits, flushes and refreshes on ``pool`` validate slot values on the host:
-    only off the Triton backend.
+    only on a backend that takes no ``checked=False`` operation (the reference).
 
     SGLang hands the kernels its own slot indices; on the Triton backend steps and commits run
     with ``checked=False`` and read no device value (no synchronization per layer); flushes and
     refreshes too (their slots are distinct: a batch's rows, one finishing request, or
     ``unique()`` ones)."""
-    return pool.backend != "triton"
+    return not pool.backend_ops.supports_unchecked
 
 
 def lookup(ssm_state: torch.Tensor):
@@ -256,46 +295,12 @@ def lookup(ssm_state: torch.Tensor):
     return owner, entry[1]
 
 
-def before_extend(ssm_state: torch.Tensor, slots: torch.Tensor) -> None:
-    """An extend is about to read ``ssm_state[slots]`` as its rows' initial states: fold those rows'
-    rings into that layer's checkpoint first (in place).
-
-    ``ssm_state``: one layer of a ``ReplayMambaPool``'s ``temporal``; ``slots``: int32/int64 ``[n]``,
-    distinct (an extend batch's rows). A prefill row's ring is empty (its slot was cleared, copied or
-    prefilled before), so only the decode rows of a mixed batch (``--enable-mixed-chunk``: running
-    requests join a prefill batch as one-token extends) fold here. A state of no replay pool is left
-    alone."""
-    found = lookup(ssm_state)
-    if found is not None:
-        owner, layer = found
-        _flush(owner.replay, slots, layer)
-
-
-def after_prefill(ssm_state: torch.Tensor, prefill_slots: torch.Tensor) -> None:
-    """Prefill wrote ``ssm_state[prefill_slots]`` itself: reset those rows of that layer (updated in place).
-
-    ``ssm_state``: one layer of a ``ReplayMambaPool``'s ``temporal``, ``[size + 1, H, P, N]`` (Mamba-2)
-    or ``[size + 1, HV, V, K]`` (GDN / KDA);
-    ``prefill_slots``: int32/int64 ``[n]``. A state that belongs to no replay pool is left alone.
-    """
-    found = lookup(ssm_state)
-    if found is not None:
-        owner, layer = found
-        _refresh(owner.replay, prefill_slots, layer)
-
-
-def flush_for_tree(req_to_token_pool, mamba_pool_idx: torch.Tensor) -> None:
-    """Fold the ring of a finishing request's slot into its checkpoint, in every layer (in place).
-
-    ``req_to_token_pool``: SGLang's ``HybridReqToTokenPool``; ``mamba_pool_idx``: the request's
-    0-d slot tensor (virtual under the unified memory pool). The radix tree then holds the whole
-    state at the request's last token, with its conv window at the same token. No-op when the
-    mamba pool is not a replay pool.
-    """
-    owner = req_to_token_pool.mamba_pool
-    if hasattr(owner, "replay"):
-        slot = req_to_token_pool.translate_mamba_indices(mamba_pool_idx.view(1))
-        _flush(owner.replay, slot)
+def request_slots(req_to_token_pool, reqs) -> torch.Tensor | None:
+    """The mamba pool slots (int64 ``[n]``) of the requests ``reqs`` that hold one, translated by
+    SGLang's ``HybridReqToTokenPool`` (virtual under the unified memory pool); None when none does."""
+    slot = versions.seams().req_mamba_slot
+    held = [slot(req).view(1) for req in reqs if slot(req) is not None]
+    return req_to_token_pool.translate_mamba_indices(torch.cat(held)) if held else None
 
 
 def track_copy(copy, conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size,
@@ -314,11 +319,9 @@ def track_copy(copy, conv_states, ssm_states, cache_indices, mamba_track_mask, m
                     **kwargs)
     owner, layer = found
     mask = mamba_track_mask[:batch_size].to(device="cpu", dtype=torch.bool)
-    src = _slots(owner.replay, cache_indices[:batch_size].cpu()[mask])
-    dst = _slots(owner.replay, mamba_track_indices[:batch_size].cpu()[mask])
-    owner.replay.flush(src, layer=layer)
+    on_event("track source", owner.replay, cache_indices[:batch_size].cpu()[mask], layer, verified=True)
     result = copy(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size, **kwargs)
-    owner.replay.refresh(dst, layer=layer)
+    on_event("track destination", owner.replay, mamba_track_indices[:batch_size].cpu()[mask], layer, verified=True)
     return result
 
 
@@ -334,77 +337,13 @@ def _track_owner(ssm_states: torch.Tensor):
     return None
 
 
-def before_int8_store(active_pool, active_slots: torch.Tensor) -> None:
-    """SGLang's int8 radix store (``MambaCheckpointPool.store_from_active``) is about to quantize
-    ``active_slots`` (int32/int64 ``[n]``, distinct: a finishing request's or a track slot) of
-    ``active_pool`` for the tree: fold their rings into the checkpoint first, in every layer (in
-    place), so the tree holds the whole state. No-op when ``active_pool`` is not a replay pool."""
-    if hasattr(active_pool, "replay"):
-        _flush(active_pool.replay, active_slots)
-
-
-def after_int8_load(active_pool, active_slots: torch.Tensor) -> None:
-    """SGLang's int8 radix hit (``MambaCheckpointPool.load_to_active``) wrote dequantized states into
-    ``active_slots`` (int32/int64 ``[n]``): empty their rings and re-derive their read copies, in every
-    layer (in place). No-op when ``active_pool`` is not a replay pool."""
-    if hasattr(active_pool, "replay"):
-        _refresh(active_pool.replay, active_slots)
-
-
-def before_host_backup(host_pool, device_indices: torch.Tensor) -> None:
-    """HiCache is about to copy ``device_indices`` (int32/int64 ``[n]``, distinct) of every layer of
-    ``host_pool`` (SGLang's ``MambaPoolHost``) to the host: fold their rings into the checkpoints
-    first, in the layers that belong to a replay pool (in place), so the host holds the whole state.
-
-    A radix-tree slot's ring is already empty (it was flushed when the tree took it), so this is a
-    no-op there; a slot backed up while it decodes (a retracted request) needs it. Runs on the
-    caller's stream (SGLang's device-to-host stream, after its start event)."""
-    # every layer the host pool backs up: on 0.5.23 MTP draft layers too, when their pool replays
-    for state in versions.seams().host_device_layers(host_pool):
-        found = lookup(state)
-        if found is not None:
-            _flush(found[0].replay, device_indices, found[1])
-
-
-def after_host_load(host_pool, device_indices: torch.Tensor, layer_id: int) -> None:
-    """HiCache copied layer ``layer_id`` of ``host_pool`` (SGLang's ``MambaPoolHost``) at
-    ``device_indices`` (int32/int64 ``[n]``) from the host into the checkpoint: empty those rows' rings
-    of that layer and re-derive their read copy (in place), if the layer belongs to a replay pool.
-
-    Runs on SGLang's host-to-device stream before it signals the layer done, so the forward never
-    reads a loaded checkpoint beside the slot's previous ring; on the Triton backend it reads no
-    device value (the load stays asynchronous)."""
-    found = lookup(versions.seams().host_device_layers(host_pool)[layer_id])
-    if found is not None:
-        _refresh(found[0].replay, device_indices, found[1])
-
-
-def after_transfer(req_to_token_pool, reqs) -> None:
-    """PD disaggregation, decode side: the prefill server's state (conv window and ``temporal``, the
-    whole state: its prefill left the ring empty) has landed in these requests' slots. Empty their
-    rings, which still hold the slot's previous occupant's tokens, and re-derive their read copies,
-    in every layer (in place).
-
-    ``req_to_token_pool``: SGLang's ``HybridMambaDecodeReqToTokenPool``; ``reqs``: the requests of a
-    PREBUILT batch (no forward runs before their first decode, so nothing else resets the slot). A
-    request restored from the host tier afterwards is reset again by that load. No-op when the
-    mamba pool is not a replay pool."""
-    owner = req_to_token_pool.mamba_pool
-    slot = versions.seams().req_mamba_slot
-    held = [slot(req).view(1) for req in reqs if slot(req) is not None]
-    if hasattr(owner, "replay") and held:
-        _refresh(owner.replay, req_to_token_pool.translate_mamba_indices(torch.cat(held)))
-
-
-def after_track_extend(ssm_states: torch.Tensor, forward_metadata) -> None:
-    """SGLang's extend track (``_track_mamba_state_extend``) wrote the track slots' states of one
-    layer from the prefill's chunk states: empty their rings and re-derive their read copies."""
-    found = lookup(ssm_states)
-    if found is None or not forward_metadata.has_mamba_track_mask:
-        return
-    owner, layer = found
+def track_extend_slots(forward_metadata) -> torch.Tensor | None:
+    """The track slots (int64 ``[n]``, distinct) SGLang's extend track (``_track_mamba_state_extend``)
+    wrote from the prefill's chunk states, or None without a track mask."""
+    if not forward_metadata.has_mamba_track_mask:
+        return None
     # 0.5.17's metadata has no recompute destinations
     written = [d.reshape(-1).to(torch.int64) for d in (forward_metadata.track_ssm_h_dst,
                                                         getattr(forward_metadata, "track_ssm_recompute_dst", None),
                                                         forward_metadata.track_ssm_final_dst) if d is not None]
-    owner.replay.refresh(_slots(owner.replay, torch.cat(written).unique()), layer=layer)
+    return torch.cat(written).unique()

@@ -1,6 +1,8 @@
 """TensorRT-LLM adapter.
 
-- ``aot``: PTX + launch manifest of the shared kernels (the launches ``kernels/ops.py`` performs).
+- ``steps``: one layer's step as the plugin layers see it: named buffers, the launches
+  ``kernels/ops.py`` performs on them, the model dims, Triton's JIT specialization of a launch.
+- ``aot``: the command writing the PTX + launch manifest of the shared kernels (``python -m``).
 - ``plugin_desc``: TensorRT plugin descriptors as plain data (inputs, outputs, aliasing, launch).
 - ``plugins``: ``tensorrt.plugin`` registrations (AOT) and ``add_step`` for a network; needs TensorRT.
 - ``ptx_launch``: the plugin layers' PTX loaded and launched through the CUDA driver in TensorRT's

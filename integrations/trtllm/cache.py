@@ -23,7 +23,8 @@ against its published names, read at NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/p
 replay, a configurable window L, the precision split (fp32 / fp16-SR / bf16 checkpoint with an
 fp8 / NVFP4 read copy), and the spec commit as a cursor move. The checkpoint IS TRT-LLM's state
 tensor (wrapped, never copied): TRT-LLM's prefill kernels keep writing it, then
-:meth:`~ReplayMambaStates.after_prefill` empties those slots' rings. Its methods are plain and
+:meth:`~ReplayMambaStates.refresh` empties those slots' rings. Each TRT-LLM event the call sites
+see takes one of its verbs (``EVENTS``, ``ReplayMambaStates.on_event``). Its methods are plain and
 run on a CPU with the reference backend; :func:`cache_manager_class` ties them to TRT-LLM's
 ``PythonMambaCacheManager`` (imported lazily; never run).
 """
@@ -42,6 +43,14 @@ import replayssm as rs
 # 00bce92; later the ``kv_cache/mamba_cache_manager`` package, whose ``legacy`` module builds it by name)
 MANAGER_MODULES = ("tensorrt_llm._torch.pyexecutor.kv_cache.mamba_cache_manager.legacy",
                    "tensorrt_llm._torch.pyexecutor.mamba_cache_manager")
+# TRT-LLM's events at the call sites (``mixer``) -> the ReplayMambaStates verb each takes: ``flush``
+# folds the rows' rings into TRT-LLM's state before its kernels read it, ``refresh`` empties them
+# after its kernels wrote it
+EVENTS = {
+    "prefill": "refresh",            # Mamba2Mixer.forward prefilled its first num_contexts rows
+    "extend start": "flush",         # a GDN forward_extend steps its decode rows from the state
+    "extend end": "refresh",         # the GDN forward_extend wrote its rows' state
+}
 INSTALL_HINT = ("TensorRT-LLM 1.2.x is required: pip install tensorrt-llm==1.2.1 --extra-index-url "
                 "https://pypi.nvidia.com (Linux, Python 3.10 / 3.12); the PyPI package alone is a placeholder")
 
@@ -94,7 +103,7 @@ class ReplayMambaStates:
         if bad:
             raise ValueError(f"padding_slots: expected slot indices in [0, {ssm_states.shape[1]}), got {bad[0]!r}")
         self.padding_slots = torch.tensor(padding_slots, dtype=torch.int64, device=ssm_states.device)
-        self.checked = self.pool.backend != "triton"
+        self.checked = not self.pool.backend_ops.supports_unchecked
 
     def _rows(self, state_indices: torch.Tensor) -> torch.Tensor:
         """int64 slots with TRT-LLM's shared padding slots as -1."""
@@ -108,10 +117,15 @@ class ReplayMambaStates:
 
     def get_ssm_states(self, layer: int) -> torch.Tensor:
         """TRT-LLM's state tensor of ``layer`` ``[slots, *state]`` (for its prefill kernels)."""
-        self.pool._layer(layer)
+        self.pool.check_layer(layer)
         return self.ssm_states[layer]
 
-    def after_prefill(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
+    def on_event(self, event: str, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
+        """TRT-LLM's ``event`` (an ``EVENTS`` key) on ``state_indices``: its verb, in ``layer`` or
+        every layer."""
+        getattr(self, EVENTS[event])(state_indices, layer=layer)
+
+    def refresh(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
         """TRT-LLM wrote the state of ``state_indices`` (prefill, new request, copy): empty their
         rings and re-derive their read copy, in ``layer`` or every layer."""
         self.pool.refresh(self._rows(state_indices), layer=layer, checked=self.checked)
@@ -143,7 +157,7 @@ class ReplayMambaStates:
         if hi > lo:
             self.pool.commit(self._rows(state_indices[lo:hi]), num_accepted_tokens[lo:hi], checked=self.checked)
 
-    def materialize(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
+    def flush(self, state_indices: torch.Tensor, *, layer: int | None = None) -> None:
         """Fold the committed rings of ``state_indices`` into TRT-LLM's state tensor, in ``layer`` or
         every layer (before TRT-LLM reads or copies it: its prefill kernels, prefix cache,
         disaggregated transfer). Afterwards that tensor is the state."""

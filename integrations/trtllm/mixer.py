@@ -37,8 +37,8 @@ kernel writes the state of every row (decode rows included) in place. A target v
 on a gathered copy of the rows' states, which cannot be routed). :func:`wire_gdn` replaces those three
 module-level names with routers (registered state tensors go to replay, others to TRT-LLM's
 functions; the verify check holds for registered states) and wraps each layer's ``forward_extend``:
-without a verify the decode rows' rings are folded into the state first (``materialize``) and every
-row's ring is emptied after (``after_prefill``); with one, only the prefill rows' rings are emptied
+without a verify the decode rows' rings are folded into the state first (``flush``) and every
+row's ring is emptied after (``refresh``); with one, only the prefill rows' rings are emptied
 (the verify rows' rings hold their drafts until ``update_mamba_states`` commits).
 """
 
@@ -125,7 +125,7 @@ def wire_mamba2(model: torch.nn.Module, states: ReplayMambaStates, *, mixer_clas
         mixer_class: the mixer class to match; None: TRT-LLM's ``Mamba2Mixer`` (ImportError saying
             what to install without TensorRT-LLM).
     Each mixer's ``selective_state_update_func`` becomes :func:`replay_selective_state_update`; its
-    ``forward`` then calls ``states.after_prefill`` on the rows it prefilled (the first
+    ``forward`` then refreshes (``states.on_event("prefill", ...)``) the rows it prefilled (the first
     ``attn_metadata.num_contexts`` of ``mamba_metadata.state_indices``) in its own layer.
     """
     if mixer_class is None:
@@ -169,7 +169,7 @@ def _resetting_prefills(forward):
         prefills = int(attn_metadata.num_contexts)
         found = _find(attn_metadata.kv_cache_manager.get_ssm_states(self.layer_idx)) if prefills else None
         if found:
-            found[0].after_prefill(mamba_metadata.state_indices[:prefills], layer=found[1])
+            found[0].on_event("prefill", mamba_metadata.state_indices[:prefills], layer=found[1])
         return out
     wired.replayssm_wired = True
     return wired
@@ -331,10 +331,10 @@ def _folding_around_extend(forward_extend):
             rows = kwargs["state_indices_p"]
         else:                             # the chunked kernel steps the decode rows from the state
             if kwargs["num_decodes"] > 0:
-                states.materialize(kwargs["state_indices_d"], layer=layer)
+                states.on_event("extend start", kwargs["state_indices_d"], layer=layer)
             rows = kwargs["cache_indices"]
         out = forward_extend(self, conv_states, ssm_states, *args, is_target_verify=is_target_verify, **kwargs)
-        states.after_prefill(rows, layer=layer)
+        states.on_event("extend end", rows, layer=layer)
         return out
     wired.replayssm_wired = True
     return wired

@@ -22,8 +22,8 @@ copy, is one launch that folds its flush rows too: two layers, no ``_flush``):
 | ``replayssm::advance``               | ``_advance_kernel``            | cursors                   |
 
 (``family`` mamba2 / gdn / kda, ``op`` decode / verify). Each launch is the ``Launch`` that
-``kernels/ops.py`` builds for the torch op (``aot.step_plan``), compiled with the specialization
-Triton's JIT gives the torch op's launch of it (``aot.jit_specialization``): an integer equal to 1
+``kernels/ops.py`` builds for the torch op (``steps.step_plan``), compiled with the specialization
+Triton's JIT gives the torch op's launch of it (``steps.jit_specialization``): an integer equal to 1
 is a constant, every other scalar (strides, window, capacity, ``sr_base``, ``scale``) stays a
 runtime parameter, with the JIT's divisibility-by-16 facts. Compiling values in instead changes
 Triton's axis analysis (layouts, vector widths, reduction order) and so the last bits of the
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import aot
+from . import steps
 
 NAMESPACE = "replayssm"
 OPS = ("decode", "verify")
@@ -62,7 +62,7 @@ class PluginTensor:
     """One input or output of a plugin layer.
 
     name: the kernel parameter it feeds (inputs) or the buffer it is (outputs).
-    buffer: the ``aot.step_buffers`` tensor passed (a placeholder repeats another buffer).
+    buffer: the ``steps.step_buffers`` tensor passed (a placeholder repeats another buffer).
     shape: ints and ``"n"`` / ``"S"`` / ``"S + 1"``. dtype: torch dtype.
     alias_of: outputs only: index of the input whose buffer this output is (in place), or None
         for a new tensor. written: outputs only: False for an alias declared for ordering only.
@@ -199,9 +199,9 @@ def describe_step(spec, cfg, *, op: str, tokens: int, layer: int = 0, has_z: boo
     if has_z and spec.family != "mamba2":
         raise ValueError(f"has_z: only a mamba2 layer has a gate input, got family {spec.family!r}")
     cfg.check(spec)
-    bufs = aot.step_buffers(spec, cfg, tokens, has_z=has_z, state_layout=state_layout)
-    named = aot.materialize(bufs, 2, 3)
-    plan = aot.step_plan(spec, cfg, named, committed=op == "decode", layer=layer, state_layout=state_layout)
+    bufs = steps.step_buffers(spec, cfg, tokens, has_z=has_z, state_layout=state_layout)
+    named = steps.allocate(bufs, 2, 3)
+    plan = steps.step_plan(spec, cfg, named, committed=op == "decode", layer=layer, state_layout=state_layout)
     mutated = [m for m in _mutated(plan[0].op) if m != "out"]
     base = f"{NAMESPACE}::{spec.family}_{op}"
     descs = []
@@ -244,7 +244,7 @@ def _describe_advance(ring_triton, spec, cfg, tokens: int, *, committed: bool) -
 
     cur = {"count": (("S + 1",), torch.int32), "origin": (("S + 1",), torch.int32),
            "pending": (("S + 1",), torch.int32), "epoch": (("S + 1",), torch.int32), "slots": (("n",), torch.int64)}
-    kernel = ring_triton._advance_kernel
+    kernel = ring_triton.ADVANCE_KERNEL
     const = dict(COMMITTED=committed, BLOCK=ADVANCE_BLOCK)
     grid = (f"cdiv(n, {ADVANCE_BLOCK})",)
     ins = tuple(PluginTensor(p, b, *cur[b]) for p, b in
@@ -274,7 +274,7 @@ def compile_kernel(desc: PluginDesc, arch: str = "sm_90") -> dict:
     # the sizes get any non-specialized int (the kernel is compiled as do_not_specialize for them);
     # sr_base its int32 twin (same uint32 bits): TensorRT cannot pass the JIT's i64 for values >= 2**31
     replace = {p: (2 if v in ("n", "S") else v) for p, v in k.extra_args if p in dynamic or p == "sr_base"}
-    sig, compiled = aot.compile_jit(k.launch, arch, dynamic=dynamic, replace=replace)
+    sig, compiled = steps.compile_jit(k.launch, arch, dynamic=dynamic, replace=replace)
     md = compiled.metadata
     for key in ("global_scratch_size", "profile_scratch_size"):
         if getattr(md, key, 0):

@@ -176,7 +176,7 @@ def add_step(network, tensors: dict, spec, cfg, *, op: str, tokens: int, layer: 
 
     Args:
         network: a ``tensorrt.INetworkDefinition``.
-        tensors: ``aot.step_buffers`` name -> ``tensorrt.ITensor`` (checkpoint, read_* for fp8 /
+        tensors: ``steps.step_buffers`` name -> ``tensorrt.ITensor`` (checkpoint, read_* for fp8 /
             nvfp4, ring_*, count, origin, pending, epoch ``[S + 1]`` int32, slots ``[n]`` int64,
             the step inputs ``[n, T, ...]``); placeholders are filled by the descriptor.
         spec, cfg, op, tokens, layer, has_z, state_layout, arch: as :func:`step_config`.
@@ -188,7 +188,7 @@ def add_step(network, tensors: dict, spec, cfg, *, op: str, tokens: int, layer: 
     needed = {t.buffer for d in descs for t in d.inputs} - {"out"}
     missing = sorted(needed - set(tensors))
     if missing:
-        raise ValueError(f"tensors: missing {missing} (names of aot.step_buffers)")
+        raise ValueError(f"tensors: missing {missing} (names of steps.step_buffers)")
     config = step_config(spec, cfg, op=op, tokens=tokens, layer=layer, has_z=has_z, state_layout=state_layout,
                          arch=arch)
     trtp = _trtp()

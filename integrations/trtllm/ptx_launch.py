@@ -26,7 +26,7 @@ each with ``plugin_id``, ``name`` (PTX entry), ``file``, ``grid`` (ints, ``"n"``
 ``"cdiv(n, 128)"``), ``block``, ``shared`` (bytes of dynamic shared memory) and ``args``:
 TensorRT's parameters in order, ``{"kind": "input" | "extra" | "output", "name": ...}``; extra args
 carry ``value`` (the int32 passed: an integer, a float's fp32 bits, or ``"n"`` / ``"S"``); inputs and
-outputs also carry ``buffer`` (an ``aot.step_buffers`` name, or ``pending``), ``shape`` (ints,
+outputs also carry ``buffer`` (a ``steps.step_buffers`` name, or ``pending``), ``shape`` (ints,
 ``"n"``, ``"S"``, ``"S + 1"``) and ``dtype`` (torch's name), outputs ``alias_of`` (the index of the
 input whose buffer they are, or null for a new tensor).
 """
@@ -40,8 +40,8 @@ import re
 
 import torch
 
-from . import aot
 from . import plugin_desc as pd
+from . import steps
 
 MANIFEST = "manifest.json"
 _STATIC_SHARED = 48 * 1024  # dynamic shared memory a kernel gets without opting in
@@ -177,7 +177,7 @@ def pack_args(entry: dict, buffers: dict) -> tuple[tuple, tuple]:
         t = buffers.get(name)
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name}: expected a tensor in buffers {where}, got {type(t).__name__}")
-        shape = [aot._dim(d, n, S) for d in arg["shape"]]
+        shape = [steps.resolve_dim(d, n, S) for d in arg["shape"]]
         if list(t.shape) != shape:
             raise ValueError(f"{name}: expected shape {shape} {where}, got {list(t.shape)}")
         if t.dtype != getattr(torch, arg["dtype"]):

@@ -91,6 +91,10 @@ def _advance_kernel(count_ptr, origin_ptr, pending_ptr, epoch_ptr, slots, n, num
     tl.store(count_ptr + s, new_count, mask=m)
 
 
+# the advance kernel itself, for hosts that compile it ahead of time (its name is the PTX entry)
+ADVANCE_KERNEL = _advance_kernel
+
+
 @triton.jit
 def _commit_kernel(count_ptr, pending_ptr, layer_stride, slots, num_slots, num_accepted, n, BLOCK: tl.constexpr):
     # cursors [NL, S + 1]; program (block, layer); padded rows (slot -1 or outside the pool) are skipped

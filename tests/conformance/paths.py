@@ -165,12 +165,12 @@ _STEP_STATE = ("checkpoint", "count", "origin", "epoch", "slots", "out")
 
 def trt_ptx_uncovered(case: Case) -> str | None:
     """Why the TensorRT plugin layers cannot run ``case`` as scripted, or None. Their inputs are
-    fixed by ``aot.step_buffers``: every step input in the dtype declared there (Mamba-2's D and
+    fixed by ``steps.step_buffers``: every step input in the dtype declared there (Mamba-2's D and
     dt_bias present), and a GDN / KDA ``scale`` equal to the compiled-in ``head_k_dim ** -0.5``."""
-    from replayssm.integrations.trtllm import aot
+    from replayssm.integrations.trtllm import steps
     for j, step in enumerate(s for s in case.steps if s.kind in ("decode", "verify")):
         has_z = case.family == "mamba2" and step.inputs.get("z") is not None
-        for name, (_, dtype) in aot.step_buffers(case.spec, case.cfg, step.tokens or 1, has_z=has_z).items():
+        for name, (_, dtype) in steps.step_buffers(case.spec, case.cfg, step.tokens or 1, has_z=has_z).items():
             if name in _STEP_STATE or name.startswith(("ring_", "read_")):
                 continue
             value = step.inputs.get(name)
@@ -195,7 +195,7 @@ def _ptx_step(spec, cfg, op: str, tokens: int, has_z: bool, device: torch.device
 
 def _plugin_buffers(pool: rs.StatePool, slots: torch.Tensor, inputs: dict, out: torch.Tensor) -> dict:
     """Layer 0's checkpoint, read copy, rings and cursors and one step's tensors (token axis
-    included), by ``aot.step_buffers`` name (and ``pending``)."""
+    included), by ``steps.step_buffers`` name (and ``pending``)."""
     bufs = {"checkpoint": pool.checkpoint[0], "slots": slots, "out": out}
     bufs.update({f"read_{k}": v[0] for k, v in pool.read.items()})
     bufs.update({f"ring_{k}": v[0] for k, v in pool.ring.items()})
@@ -315,7 +315,7 @@ def _sglang_step(case: Case, step: Step, temporal: torch.Tensor, slots: torch.Te
 
 def run_sglang(case: Case, backend: str) -> Trace:
     """The plugin's pool inside SGLang's ``HybridReqToTokenPool``: slots from SGLang's allocator,
-    the prefill write + ``after_prefill``, steps through SGLang's call sites (Mamba-2
+    the prefill write + its refresh (``extend end``), steps through SGLang's call sites (Mamba-2
     ``selective_state_update``; GDN / KDA ``packed_decode`` and ``target_verify`` of SGLang's
     kernel classes), fork as SGLang's ``copy_from`` and flush as ``get_cpu_copy`` (both flush
     their sources first), commit on the pool's StatePool (what ``commit_after_verify`` ends with)."""
@@ -329,7 +329,7 @@ def run_sglang(case: Case, backend: str) -> Trace:
         first = req_pool.mamba_allocator.alloc(INIT_SEQS)
         init = case.init_state.transpose(-1, -2) if case.spec.is_delta else case.init_state
         temporal[first] = init.to(temporal.dtype)
-        replay_pool.after_prefill(temporal, first)
+        replay_pool.on_state("extend end", temporal, first)
         table = dict(enumerate(first.tolist()))
         trace = Trace([])
         with contextlib.ExitStack() as stack:
@@ -357,9 +357,9 @@ def run_sglang(case: Case, backend: str) -> Trace:
 def run_trtllm(case: Case, backend: str = "reference") -> Trace:
     """TRT-LLM's PyTorch-backend adapter, ``ReplayMambaStates`` over a ``temporal`` laid out as
     TRT-LLM's (GDN / KDA ``[slots, HV, V, K]``): sequence i in slot i, padded rows as TRT-LLM's
-    shared padding slot, the prefill write + ``after_prefill``, ``decode`` / ``verify`` as the
-    layers' call sites make them, the commit as ``update_mamba_states`` and the flush as
-    ``materialize``. No fork: TRT-LLM copies no slots between requests."""
+    shared padding slot, the prefill write + ``refresh``, ``decode`` / ``verify`` as the
+    layers' call sites make them, the commit as ``update_mamba_states`` and ``flush``. No fork:
+    TRT-LLM copies no slots between requests."""
     from replayssm.integrations.trtllm.cache import ReplayMambaStates
     spec, cfg, pad = case.spec, case.cfg, case.num_seqs
     shape = spec.state_shape[:-2] + spec.state_shape[-2:][::-1] if spec.is_delta else spec.state_shape
@@ -368,14 +368,14 @@ def run_trtllm(case: Case, backend: str = "reference") -> Trace:
                                backend=backend, padding_slots=(pad,))
     first = torch.arange(INIT_SEQS, dtype=torch.int32)
     temporal[0, :INIT_SEQS] = (case.init_state.transpose(-1, -2) if spec.is_delta else case.init_state).to(temporal.dtype)
-    states.after_prefill(first, layer=0)
+    states.refresh(first, layer=0)
     trace = Trace([])
     for step in case.steps:
         slots = torch.tensor([r if r >= 0 else pad for r in step.rows], dtype=torch.int32)
         if step.kind == "fork":
             raise ValueError("case: TRT-LLM's adapter has no fork")
         if step.kind == "flush":
-            states.materialize(slots)
+            states.flush(slots)
             continue
         fn = states.decode if step.kind == "decode" else states.verify
         trace.outputs.append(fn(0, slots, out=_out(case, step), **step.inputs))

@@ -176,7 +176,7 @@ def test_transformers_cache(family, mode):
 
 def _signature(lc) -> dict:
     """name -> Triton type of a launch's runtime arguments, in kernel order."""
-    from replayssm.integrations.trtllm.aot import _signature as sig
+    from replayssm.integrations.trtllm.steps import launch_signature as sig
     return sig(lc.kernel, lc.args, lc.constexprs)
 
 
@@ -197,22 +197,22 @@ def _num_slots(lc) -> tuple[int, int]:
 
 @pytest.mark.parametrize("family,mode", CASES)
 def test_trtllm_aot_plan(family, mode, monkeypatch):
-    """``aot.plan_for`` for the case's dims and config equals every launch the torch ops ran:
+    """``steps.plan_for`` for the case's dims and config equals every launch the torch ops ran:
     kernel, constexprs, warps, grid, flush pass, arguments in order (names, tensor shapes past the
     slot axis, scalar values such as strides, window and capacity); pointer element types
     too where the case uses the AOT build's bf16 ring. Loading
     the PTX through the driver needs a GPU and is not run here."""
-    from replayssm.integrations.trtllm import aot
+    from replayssm.integrations.trtllm import steps as trtllm_steps
     c, problems = case(family, mode), []
     dims = dict(family=family, **{k: v for k, v in vars(c.spec).items() if k != "family" and v})
-    monkeypatch.setitem(aot.MODELS, "conformance", dims)
+    monkeypatch.setitem(trtllm_steps.MODELS, "conformance", dims)
     launches = [lc for lc in trace("triton", family, mode).launches      # T = 0: StatePool.flush, not a step
                 if lc.op.endswith("_step") and lc.constexprs["T"] > 0]
     steps = [s for s in c.steps if s.kind in ("decode", "verify")]
     typed, compared, first = c.cfg.ring_dtype == "bfloat16", 0, 0
     for j, step in enumerate(steps):
-        _, plan = aot.plan_for("conformance", step.tokens or 1, c.cfg.read_format, c.cfg.checkpoint_dtype,
-                               c.cfg.window, n=len(step.rows), max_draft_tokens=c.cfg.max_draft_tokens)
+        _, plan = trtllm_steps.plan_for("conformance", step.tokens or 1, c.cfg.read_format, c.cfg.checkpoint_dtype,
+                                      c.cfg.window, n=len(step.rows), max_draft_tokens=c.cfg.max_draft_tokens)
         ran_here, first = launches[first:first + len(plan)], first + len(plan)   # 1 (a decode on the checkpoint) or 2
         if len(ran_here) != len(plan):
             problems.append(f"step {j}: {len(ran_here)} launches ran, {len(plan)} planned")
@@ -247,17 +247,17 @@ def test_trtllm_aot_decode_plan_for_a_drafting_pool():
     sized for T = 1 alone would index a ring of 16) with the pool's history block. A small window
     with many drafts (window 4, 16 drafts: T_max 17, history up to 17) needs a block of 32 where
     the decode-only ring needs 16."""
-    from replayssm.integrations.trtllm import aot
+    from replayssm.integrations.trtllm import steps
     from replayssm.kernels import ops
     pool_cfg = rs.ReplayConfig(window=16, max_draft_tokens=3)
-    _, plan = aot.plan_for("qwen3.5", 1, "checkpoint", "float32", 16, max_draft_tokens=3)
+    _, plan = steps.plan_for("qwen3.5", 1, "checkpoint", "float32", 16, max_draft_tokens=3)
     assert plan[0].args[-2] == pool_cfg.capacity == 19                     # the capacity argument
     assert plan[0].constexprs["BM"] == ops._history_block(pool_cfg.capacity, 16, 1) == 16
-    _, small = aot.plan_for("qwen3.5", 1, "checkpoint", "float32", 4, max_draft_tokens=16)
-    _, alone = aot.plan_for("qwen3.5", 1, "checkpoint", "float32", 4)
+    _, small = steps.plan_for("qwen3.5", 1, "checkpoint", "float32", 4, max_draft_tokens=16)
+    _, alone = steps.plan_for("qwen3.5", 1, "checkpoint", "float32", 4)
     assert small[0].constexprs["BM"] == 32 and alone[0].constexprs["BM"] == 16
     with pytest.raises(ValueError, match="max_draft_tokens"):
-        aot.plan_for("qwen3.5", 4, "checkpoint", "float32", 16, max_draft_tokens=2)
+        steps.plan_for("qwen3.5", 4, "checkpoint", "float32", 16, max_draft_tokens=2)
 
 
 def _packed_ops_step(spec, cfg, op: str, tokens: int, has_z: bool):
@@ -265,7 +265,7 @@ def _packed_ops_step(spec, cfg, op: str, tokens: int, has_z: bool):
     ``ptx_launch.PtxStep`` packs them (shapes, dtypes, contiguity checked against the descriptors),
     the pointers and extra args compared with the arguments of the torch ops' launches of the step
     (scalars: those Triton's JIT does not compile in, as int32), which then run on the same buffers."""
-    from replayssm.integrations.trtllm import aot, ptx_launch
+    from replayssm.integrations.trtllm import ptx_launch, steps
     from replayssm.integrations.trtllm import plugin_desc as pd
     from replayssm.kernels import ops
     entries = [ptx_launch.layer_entry(d, name=d.kernel.kernel_name, shared=0)
@@ -273,7 +273,7 @@ def _packed_ops_step(spec, cfg, op: str, tokens: int, has_z: bool):
 
     def step(bufs):
         n, S = ptx_launch.step_sizes(bufs)
-        plan = aot.step_plan(spec, cfg, bufs, committed=op == "decode")
+        plan = steps.step_plan(spec, cfg, bufs, committed=op == "decode")
         launched = [list(zip([a for a in lc.kernel.arg_names if a not in lc.constexprs], lc.args)) for lc in plan]
         launched.append([(k, bufs[k]) for k in ("count", "origin", "pending", "epoch", "slots")] +
                         list(zip(("n", "num_slots", "T", "window", "capacity"),

@@ -1,20 +1,27 @@
-"""The reference backend: the replay algebra of kernels/*/reference.py over a StatePool.
+"""The reference backend (``replayssm.backend.Backend``): the replay algebra of
+``kernels/*/reference.py`` over a StatePool.
 
 Gathers each row's checkpoint (or read copy) and ring window, evaluates outputs, folds on
 flush, appends the tokens to the ring and moves the cursors, following RING.md. Works on any
-device; synchronizes with it (it is the CPU default, not the fast path).
+device; synchronizes with it (it is the CPU default, not the fast path), so it indexes rows on
+the host and takes no ``checked=False`` step.
 """
 
 from __future__ import annotations
 
 import torch
 
+from replayssm import formats, ring
 from replayssm.kernels.delta import reference as dref
 from replayssm.kernels.mamba2 import reference as mref
+from replayssm.pool import round_checkpoint, to_read_layout
+from replayssm.validate import LAYER_INPUTS
 
-from . import formats, ring
-from .pool import round_checkpoint, to_read_layout
-from .validate import LAYER_INPUTS
+supports_unchecked = False
+
+
+def check(spec, cfg) -> None:
+    """Every dimension a ``LayerSpec`` takes is served."""
 
 
 def _history(pool, layer: int, rows: torch.Tensor, width: int):
@@ -61,25 +68,25 @@ def _tokens_first(inputs: dict, names) -> dict[str, torch.Tensor]:
     return {name: inputs[name].movedim(1, 2) for name in names}
 
 
-def step(pool, layer: int, slots: torch.Tensor, host: torch.Tensor, inputs: dict, *, committed: bool,
+def step(pool, layer: int, slots: torch.Tensor, cpu_slots: torch.Tensor, inputs: dict, *, committed: bool,
          out: torch.Tensor) -> None:
     """One decode (committed, T = 1) or verify step; inputs ``[n, T, ...]``, ``out [n, T, heads, D]``.
 
     Rows with slot -1 get zeros and touch nothing.
     """
     out.zero_()
-    keep = host >= 0
+    keep = cpu_slots >= 0
     if not bool(keep.any()):
         return
     dev_keep = keep.to(pool.device)
     rows_inputs = {k: (v if k in LAYER_INPUTS or v is None else v[dev_keep]) for k, v in inputs.items()}
-    y = _step_rows(pool, layer, host[keep], rows_inputs, committed)
+    y = _step_rows(pool, layer, cpu_slots[keep], rows_inputs, committed)
     out[dev_keep] = y.to(out.dtype)
 
 
-def _step_rows(pool, layer: int, host_rows: torch.Tensor, inputs: dict, committed: bool) -> torch.Tensor:
+def _step_rows(pool, layer: int, cpu_rows: torch.Tensor, inputs: dict, committed: bool) -> torch.Tensor:
     spec, cfg = pool.spec, pool.cfg
-    rows = host_rows.to(pool.device)
+    rows = cpu_rows.to(pool.device)
     T = (inputs["x"] if spec.family == "mamba2" else inputs["v"]).shape[1]
     count = pool.cursors["count"][layer, rows]
     width = int(count.max().item())
@@ -98,7 +105,7 @@ def _step_rows(pool, layer: int, host_rows: torch.Tensor, inputs: dict, committe
         y = mref.mamba2_gate(y, inputs["x"].float(), inputs["D"], inputs["z"])
         if bool(flush.any()):
             S_new = mref.mamba2_window_fold(S0[flush], x[flush], dtp[flush], B[flush], lam[flush], upto)
-            pool._store(layer, host_rows[flush.cpu()], S_new)
+            store(pool, layer, cpu_rows[flush.cpu()], S_new)
     else:
         new = _tokens_first(inputs, ("k", "v", "g", "beta"))
         win, _ = _window_inputs(pool, layer, rows, width, new)
@@ -109,18 +116,28 @@ def _step_rows(pool, layer: int, host_rows: torch.Tensor, inputs: dict, committe
         y = dref.delta_window_outputs(S0, k, d, gam, q, inputs["scale"]).movedim(2, 1)
         if bool(flush.any()):
             S_new = dref.delta_window_fold(S0[flush], k[flush], d[flush], gam[flush], upto)
-            pool._store(layer, host_rows[flush.cpu()], S_new)
+            store(pool, layer, cpu_rows[flush.cpu()], S_new)
         new["d"] = d[:, :, width:]                       # the tokens' d, cached for later outputs
     _append(pool, layer, rows, new)
     ring.advance(pool.cursors, layer, rows, T, cfg, committed=committed)
     return y
 
 
-def store(pool, layer: int, host_rows: torch.Tensor, state: torch.Tensor) -> None:
-    """Write fp32 ``state [r, *state_shape]`` as the checkpoint of rows and refresh their read copy."""
-    if host_rows.numel() == 0:
+def flush(pool, layer: int, rows: torch.Tensor) -> None:
+    """Fold the committed ring of ``rows`` (device, distinct, no padded row) into the checkpoint of
+    ``layer`` and re-derive its read copy; their rings empty. Rows with an empty ring are untouched."""
+    count = pool.cursors["count"][layer, rows].cpu()
+    cpu_rows = rows.cpu()[count > 0]
+    if cpu_rows.numel():
+        store(pool, layer, cpu_rows, fold_committed(pool, layer, cpu_rows))
+        ring.empty(pool.cursors, layer, cpu_rows.to(pool.device), wrote_checkpoint=True)
+
+
+def store(pool, layer: int, cpu_rows: torch.Tensor, state: torch.Tensor) -> None:
+    """Write fp32 ``state [r, *state_shape]`` as the checkpoint of rows and re-derive their read copy."""
+    if cpu_rows.numel() == 0:
         return
-    rows = host_rows.to(pool.device)
+    rows = cpu_rows.to(pool.device)
     stored = round_checkpoint(state, pool.cfg, layer, pool.cursors["epoch"][layer, rows])
     pool.checkpoint[layer, rows] = stored
     if pool.read:
@@ -133,10 +150,10 @@ def store(pool, layer: int, host_rows: torch.Tensor, state: torch.Tensor) -> Non
 commit = ring.commit
 
 
-def fold_committed(pool, layer: int, host_rows: torch.Tensor) -> torch.Tensor:
-    """fp32 state after the committed ring of ``host_rows``, from the exact checkpoint."""
+def fold_committed(pool, layer: int, cpu_rows: torch.Tensor) -> torch.Tensor:
+    """fp32 state after the committed ring of ``cpu_rows``, from the exact checkpoint."""
     spec = pool.spec
-    rows = host_rows.to(pool.device)
+    rows = cpu_rows.to(pool.device)
     count = pool.cursors["count"][layer, rows]
     width = int(count.max().item())
     S0 = pool.checkpoint[layer, rows].float()
