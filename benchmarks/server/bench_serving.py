@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import tempfile
@@ -145,14 +144,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
         rows.append(dict(base, error=f"{type(e).__name__}: {e}"))
         print(f"{model} {variant} ({strategy}): FAILED {rows[-1]['error']}", flush=True)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        check_server.stop(proc)
     return rows
 
 

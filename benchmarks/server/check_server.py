@@ -135,6 +135,18 @@ def requests_for(vocab: int, n: int, seed: int) -> dict[str, list[dict]]:
     return dict(single=[one(37, 80)], wave=[one(rng.randint(5, 400), rng.randint(17, 90)) for _ in range(n)])
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """End a server started in its own process group: SIGTERM to the group, SIGKILL after 30 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 class Deadline:
     """Seconds left before ``--deadline`` (unbounded without one)."""
 
@@ -177,14 +189,7 @@ def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args
         result["error"] = f"{type(e).__name__}: {e}"
         print(f"  {model} {name}: FAILED {result['error']}", flush=True)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop(proc)
     return result
 
 
