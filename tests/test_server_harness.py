@@ -165,6 +165,12 @@ def test_parallel_runs_never_share_a_port_and_write_every_model(tmp_path, monkey
     assert all(f"log of {m} {v}" in log for m in ("qwen3-next", "kimi-linear") for v in variants)
 
 
+def test_check_server_leaves_out_variants_a_family_cannot_serve():
+    jobs = check_server.jobs_in_order(["nemotron-h-8b", "qwen3.5-9b"], ["sglang", "sglang-replay", "replay-fp32"])
+    assert jobs == [("nemotron-h-8b", "sglang"), ("qwen3.5-9b", "sglang"), ("qwen3.5-9b", "sglang-replay"),
+                    ("nemotron-h-8b", "replay-fp32"), ("qwen3.5-9b", "replay-fp32")]
+
+
 def test_seeded_weights_are_a_trained_models_scale_and_the_same_for_the_same_seed():
     import torch
 

@@ -45,7 +45,6 @@ VARIANTS = {
     "replay-nvfp4": ["--replay-ssm", "--replay-read-format", "nvfp4"],
     "replay-fp16sr-nvfp4": ["--replay-ssm", "--replay-checkpoint-dtype", "float16_sr", "--replay-read-format", "nvfp4"],
 }
-SERVES = {"sglang-replay": ("gdn", "kda")}
 ROW_KEYS = ("output_throughput", "median_itl_ms", "p99_itl_ms", "median_ttft_ms", "p99_ttft_ms", "completed",
             "duration", "total_output_tokens")
 
@@ -212,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             write_tokenizer(model_dir, models.CONFIGS[model]["vocab_size"])
             rows = rows_by_model.setdefault(model, [])
             for variant in args.variants:
-                if models.FAMILIES[model] not in SERVES.get(variant, (models.FAMILIES[model],)):
+                if not check_server.serves(variant, model):
                     continue
                 for strategy in args.radix_strategies:
                     rows += serve_and_measure(model, model_dir, variant, strategy, args, log)

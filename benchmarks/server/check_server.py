@@ -56,6 +56,8 @@ VARIANTS = {
     "sglang": [],
     # the same server again: how far two runs of SGLang's own path differ (the floor of every comparison)
     "sglang-repeat": [],
+    # SGLang's own replay (GDN / KDA decode; it requires the triton decode backend and no_buffer)
+    "sglang-replay": ["--enable-linear-replayssm"],
     "replay-fp32": ["--replay-ssm"],
     "replay-fp8": ["--replay-ssm", "--replay-read-format", "fp8"],
     "replay-nvfp4": ["--replay-ssm", "--replay-read-format", "nvfp4"],
@@ -67,6 +69,13 @@ VARIANTS = {
     "replay-nvfp4-w2": ["--replay-ssm", "--replay-window", "2", "--replay-read-format", "nvfp4"],
     "replay-fp8-w2": ["--replay-ssm", "--replay-window", "2", "--replay-read-format", "fp8"],
 }
+# variants only some families can serve (the others serve every family)
+SERVES = {"sglang-replay": ("gdn", "kda")}
+
+
+def serves(variant: str, model: str) -> bool:
+    """Whether ``variant`` can serve ``model``'s family (SGLang's own replay has no Mamba-2 path)."""
+    return models.FAMILIES[model] in SERVES.get(variant, (models.FAMILIES[model],))
 
 
 # the attention kernels of the models' full-attention layers (the kit has no FA3): SGLang 0.5.17 refuses
@@ -195,8 +204,9 @@ def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args
 
 def jobs_in_order(model_names: list[str], variants: list[str]) -> list[tuple[str, str]]:
     """(model, variant) pairs, round-robin over the models: the first variant of every model, then the
-    second, ... (so servers running at once are of different models)."""
-    return [(m, v) for v in variants for m in model_names]
+    second, ... (so servers running at once are of different models); a variant a model's family
+    cannot serve is left out."""
+    return [(m, v) for v in variants for m in model_names if serves(v, m)]
 
 
 def bf16_ulp(x: float) -> float:
