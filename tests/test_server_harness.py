@@ -5,7 +5,10 @@ kit, and the comparison counts what it says."""
 import base64
 import hashlib
 import json
+import os
 import pathlib
+import signal
+import socket
 import subprocess
 import sys
 import zipfile
@@ -305,7 +308,7 @@ def test_serving_runs_each_variant_its_family_serves_and_writes_rows(tmp_path, m
 
     calls = []
 
-    def fake(model, model_dir, variant, strategy, args, log):
+    def fake(model, model_dir, variant, strategy, args, log, deadline, emit):
         calls.append((model, variant, strategy))
         assert (model_dir / "tokenizer.json").exists() and (model_dir / "config.json").exists()
         return [dict(model=model, variant=variant, radix=strategy, workload=args.workload, concurrency=c,
@@ -349,3 +352,87 @@ def test_serving_server_flags_are_sglang_0517s_and_capture_the_loads_batch_sizes
                          env={**__import__("os").environ, "PYTHONPATH": str(site)})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-2:] == ["256]", "no_buffer"]
+
+
+def test_launch_refuses_a_port_something_listens_on(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        live = set(check_server.LIVE)
+        with open(tmp_path / "log", "w") as log, pytest.raises(RuntimeError, match=f"port {port} is in use"):
+            check_server.launch([sys.executable, "-c", "pass"], port, log, dict(os.environ))
+        assert check_server.LIVE == live
+    assert check_server.port_free(port)
+
+
+def test_sigterm_stops_the_servers_a_runner_started(tmp_path):
+    """A runner killed by SIGTERM (``timeout``) ends the servers it started in their own sessions,
+    which would otherwise keep their ports and answer the next run's requests."""
+    script = tmp_path / "runner.py"
+    script.write_text(f"""
+import sys, time
+sys.path.insert(0, {str(ROOT / 'benchmarks' / 'server')!r})
+import check_server
+check_server.stop_on_sigterm()
+proc = check_server.launch([sys.executable, "-c", "import time; time.sleep(120)"], 1, open({str(tmp_path / 'log')!r}, "w"), {{}})
+print(proc.pid, flush=True)
+time.sleep(120)
+""")
+    runner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    server_pid = int(runner.stdout.readline())
+    os.killpg(server_pid, 0)                    # the server's group is alive
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(timeout=60) == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server_pid, 0)
+
+
+def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path, monkeypatch):
+    import bench_serving
+
+    args = bench_serving.argparse.Namespace(
+        port=1, concurrency=[1, 4], input_len=8, output_len=4, workload="decode", no_prefill_graph=False,
+        mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=5, weights="sglang-dummy")
+    servers = []
+
+    def launch(cmd, port, log, env):
+        servers.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True))
+        return servers[-1]
+
+    def client(cmd, **kw):
+        out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
+        c = int(cmd[cmd.index("--max-concurrency") + 1])
+        out.write_text(json.dumps(dict(output_throughput=10.0 * c, median_itl_ms=2.0)) + "\n")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(check_server, "launch", launch)
+    monkeypatch.setattr(check_server, "wait_ready", lambda *a: None)
+    monkeypatch.setattr(bench_serving.subprocess, "run", client)
+    emitted = []
+    with open(tmp_path / "log", "w") as log:
+        rows = bench_serving.serve_and_measure("kimi-linear", tmp_path, "replay-nvfp4", "no_buffer", args, log,
+                                               check_server.Deadline(None), emit=lambda r: emitted.append(list(r)))
+        assert [r["output_throughput"] for r in rows] == [10.0, 40.0]
+        assert [len(r) for r in emitted] == [1, 2] and servers[-1].poll() is not None
+        late = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "no_buffer", args, log,
+                                               check_server.Deadline(10), emit=lambda r: None)
+    assert len(servers) == 1 and late[0]["error"].startswith("not started")
+
+
+def test_serving_table_compares_each_load_with_sglangs(tmp_path):
+    import bench_serving
+
+    def row(variant, c, tok, itl):
+        return dict(model="m", variant=variant, radix="no_buffer", workload="decode", concurrency=c,
+                    output_throughput=tok, median_itl_ms=itl, p99_itl_ms=2 * itl, median_ttft_ms=50.0)
+
+    path = tmp_path / "serving-m.json"
+    path.write_text(json.dumps(dict(rows=[row("sglang", 64, 3000.0, 12.0), row("replay-fp32", 64, 3600.0, 8.0),
+                                          row("replay-fp32", 256, 4000.0, 10.0),
+                                          dict(model="m", variant="replay-nvfp4", radix="no_buffer",
+                                               workload="decode", error="RuntimeError: boom")])))
+    lines = bench_serving.table([path]).splitlines()
+    assert lines[3] == "| m | replay-fp32 | no_buffer | 64 | 3600 | 1.20x | 8.00 / 16.00 | 1.50x | 50 |  |"
+    assert lines[4] == "| m | replay-fp32 | no_buffer | 256 | 4000 |  | 10.00 / 20.00 |  | 50 |  |"
+    assert "RuntimeError: boom" in lines[5]

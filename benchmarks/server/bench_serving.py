@@ -111,40 +111,81 @@ def row_from(out_file: pathlib.Path) -> dict:
     return row
 
 
-def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strategy: str, args, log) -> list[dict]:
+def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strategy: str, args, log,
+                      deadline: check_server.Deadline, emit=lambda rows: None) -> list[dict]:
+    """Start ``variant``'s server, run the client at each concurrency, stop it; each load's row is
+    passed to ``emit`` (with the rows so far) as soon as it is measured. A load the deadline leaves
+    no time for is recorded as not run."""
     family = models.FAMILIES[model]
     cmd = [sys.executable, "-m", "replayssm.integrations.sglang.launch_server", *VARIANTS[variant],
            *server_flags(model_dir, family, args.port, strategy, args)]
     base = dict(model=model, variant=variant, radix=strategy, workload=args.workload)
+    rows: list[dict] = []
+    if deadline.left(60) < 60:
+        rows.append(dict(base, error="not started: the deadline is less than a minute away"))
+        print(f"{model} {variant} ({strategy}): {rows[-1]['error']}", flush=True)
+        emit(rows)
+        return rows
     log.write(f"\n===== {model} {variant} {strategy}: {' '.join(cmd)}\n")
     log.flush()
     t0 = time.time()
     print(f"{model} {variant} ({strategy}): starting", flush=True)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=check_server.server_env(args))
-    rows = []
+    proc = None
     try:
-        check_server.wait_ready(proc, args.port, args.start_timeout)
+        proc = check_server.launch(cmd, args.port, log, check_server.server_env(args))
+        check_server.wait_ready(proc, args.port, deadline.left(args.start_timeout))
         print(f"{model} {variant} ({strategy}): ready in {time.time() - t0:.0f} s", flush=True)
         for c in args.concurrency:
+            if deadline.left(30) < 30:
+                rows.append(dict(base, concurrency=c, error="not run: the deadline is less than 30 s away"))
+                emit(rows)
+                continue
             with tempfile.TemporaryDirectory() as tmp:
                 out_file = pathlib.Path(tmp) / "result.jsonl"
                 t1 = time.time()
                 done = subprocess.run(client_command(args.port, model_dir, c, out_file, args), stdout=log,
-                                      stderr=subprocess.STDOUT, timeout=args.load_timeout)
+                                      stderr=subprocess.STDOUT, timeout=deadline.left(args.load_timeout))
                 if done.returncode != 0 or not out_file.exists():
                     raise RuntimeError(f"the client exited with {done.returncode} at concurrency {c}")
                 row = dict(base, concurrency=c, **row_from(out_file))
             rows.append(row)
+            emit(rows)
             print(f"{model} {variant} ({strategy}) concurrency {c}: {row.get('output_throughput', 0):.0f} tok/s, "
                   f"ITL median {row.get('median_itl_ms', 0):.2f} ms, TTFT median {row.get('median_ttft_ms', 0):.0f} ms"
                   f" ({time.time() - t1:.0f} s)", flush=True)
     except Exception as e:                      # noqa: BLE001 - recorded; the next variant runs
         rows.append(dict(base, error=f"{type(e).__name__}: {e}"))
+        emit(rows)
         print(f"{model} {variant} ({strategy}): FAILED {rows[-1]['error']}", flush=True)
     finally:
-        check_server.stop(proc)
+        if proc is not None:
+            check_server.stop(proc)
     return rows
+
+
+def table(paths: list[pathlib.Path]) -> str:
+    """A markdown table of ``serving-<model>.json`` files: a row per measured load, with output
+    tokens/s and median inter-token latency against SGLang conventional's (variant ``sglang``, the
+    same workload and concurrency) where that was measured."""
+    out = ["| model | variant | radix | concurrency | output tok/s | vs SGLang | ITL median / p99 ms | ITL vs SGLang "
+           "| TTFT median ms | cache hit |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        data = json.loads(path.read_text())
+        ok = [r for r in data["rows"] if "output_throughput" in r]
+        base = {(r["workload"], r["concurrency"]): r for r in ok if r["variant"] == "sglang"}
+        for r in data["rows"]:
+            if "output_throughput" not in r:
+                out.append(f"| {r['model']} | {r['variant']} | {r['radix']} | {r.get('concurrency', '')} | "
+                           f"{r['error']} | | | | | |")
+                continue
+            b = base.get((r["workload"], r["concurrency"]))
+            tok = f"{r['output_throughput'] / b['output_throughput']:.2f}x" if b and r is not b else ""
+            itl = f"{b['median_itl_ms'] / r['median_itl_ms']:.2f}x" if b and r is not b else ""
+            hit = r.get("cache_hit_rate_pct")
+            out.append(f"| {r['model']} | {r['variant']} | {r['radix']} | {r['concurrency']} | "
+                       f"{r['output_throughput']:.0f} | {tok} | {r['median_itl_ms']:.2f} / {r['p99_itl_ms']:.2f} | "
+                       f"{itl} | {r['median_ttft_ms']:.0f} | {'' if hit is None else f'{hit:.1f} %'} |")
+    return "\n".join(out)
 
 
 def plot(rows_by_model: dict[str, list[dict]], path: pathlib.Path) -> None:
@@ -195,14 +236,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-fraction", type=float, default=0.88)
     ap.add_argument("--start-timeout", type=float, default=600)
     ap.add_argument("--load-timeout", type=float, default=600, help="seconds one client run may take")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds after which no server starts and no load runs (what finished is written)")
     ap.add_argument("--seed", type=int, default=0, help="the weights' seed (and the prompts')")
     ap.add_argument("--weights", choices=["seeded", "sglang-dummy"], default="seeded")
     ap.add_argument("--no-prefill-graph", action="store_true")
     ap.add_argument("--sglang-arg", action="append", default=[], help="one more SGLang flag or value (repeatable)")
+    ap.add_argument("--table", nargs="+", type=pathlib.Path, metavar="JSON",
+                    help="print the markdown table of these serving-<model>.json files and exit")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
     if min(args.concurrency) < 1:
         ap.error(f"--concurrency: expected positive counts, got {args.concurrency}")
     args.out.mkdir(parents=True, exist_ok=True)
+    check_server.stop_on_sigterm()
+    deadline = check_server.Deadline(args.deadline)
     meta = check_server.run_meta(args)
     rows_by_model: dict[str, list[dict]] = {}
     with (args.out / "servers.log").open("a") as log:
@@ -210,14 +260,18 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = models.write(args.models_dir, model)
             write_tokenizer(model_dir, models.CONFIGS[model]["vocab_size"])
             rows = rows_by_model.setdefault(model, [])
+
+            def write(current: list[dict], done: list[dict] = rows, model: str = model) -> None:
+                (args.out / f"serving-{model}.json").write_text(json.dumps(dict(
+                    model=model, meta=meta, config=models.CONFIGS[model], args=vars(args) | dict(
+                        out=str(args.out), models_dir=str(args.models_dir)), rows=done + current), default=str) + "\n")
+
             for variant in args.variants:
                 if not check_server.serves(variant, model):
                     continue
                 for strategy in args.radix_strategies:
-                    rows += serve_and_measure(model, model_dir, variant, strategy, args, log)
-                    (args.out / f"serving-{model}.json").write_text(json.dumps(dict(
-                        model=model, meta=meta, config=models.CONFIGS[model], args=vars(args) | dict(
-                            out=str(args.out), models_dir=str(args.models_dir)), rows=rows), default=str) + "\n")
+                    rows += serve_and_measure(model, model_dir, variant, strategy, args, log, deadline, emit=write)
+                    write([])
     plot(rows_by_model, args.out / "serving.png")
     return 1 if any("error" in r for rows in rows_by_model.values() for r in rows) else 0
 

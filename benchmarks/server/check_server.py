@@ -38,6 +38,7 @@ import pathlib
 import queue
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -144,6 +145,27 @@ def requests_for(vocab: int, n: int, seed: int) -> dict[str, list[dict]]:
     return dict(single=[one(37, 80)], wave=[one(rng.randint(5, 400), rng.randint(17, 90)) for _ in range(n)])
 
 
+# the servers this process has started and not yet stopped (ended on SIGTERM, see stop_on_sigterm)
+LIVE: set[subprocess.Popen] = set()
+
+
+def port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def launch(cmd: list[str], port: int, log, env: dict) -> subprocess.Popen:
+    """Start a server (``cmd``, in its own process group, output to ``log``) that will listen on
+    ``port``; refused if something already listens there (a server left running would answer the
+    readiness check and the requests in this one's place)."""
+    if not port_free(port):
+        raise RuntimeError(f"port {port} is in use: another server listens there; stop it or pick another --port")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    LIVE.add(proc)
+    return proc
+
+
 def stop(proc: subprocess.Popen) -> None:
     """End a server started in its own process group: SIGTERM to the group, SIGKILL after 30 s."""
     try:
@@ -154,6 +176,18 @@ def stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    LIVE.discard(proc)
+
+
+def stop_on_sigterm() -> None:
+    """On SIGTERM (``timeout``, a job's end) stop every live server, then exit with 143: a server
+    started in its own session would otherwise outlive this process and hold its port and GPU."""
+    def handler(signum, frame):
+        for proc in list(LIVE):
+            stop(proc)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 class Deadline:
@@ -181,7 +215,12 @@ def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args
     log.flush()
     t0 = time.time()
     print(f"  {model} {name}: starting on port {port}", flush=True)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=server_env(args))
+    try:
+        proc = launch(cmd, port, log, server_env(args))
+    except RuntimeError as e:
+        result["error"] = f"RuntimeError: {e}"
+        print(f"  {model} {name}: FAILED {result['error']}", flush=True)
+        return result
     try:
         wait_ready(proc, port, deadline.left(args.start_timeout))
         result["start_s"] = round(time.time() - t0, 1)
@@ -335,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.parallel < 1:
         ap.error(f"--parallel: expected at least 1, got {args.parallel}")
     args.out.mkdir(parents=True, exist_ok=True)
+    stop_on_sigterm()
     deadline = Deadline(args.deadline)
     model_dirs = {m: models.write(args.models_dir, m) for m in args.models}
     reqs = {m: requests_for(models.CONFIGS[m]["vocab_size"], args.requests, args.seed) for m in args.models}

@@ -38,4 +38,5 @@ case "${RUN:-check_server}" in
     check_server|bench_serving) ;;
     *) echo "gpu_server.sh: RUN: expected check_server or bench_serving, got '$RUN'"; exit 2 ;;
 esac
-"$PYTHON" "benchmarks/server/${RUN:-check_server}.py" --out "$OUT" "$@"
+# exec: a SIGTERM to this script (timeout, a job's end) reaches the runner, which stops its servers
+exec "$PYTHON" "benchmarks/server/${RUN:-check_server}.py" --out "$OUT" "$@"
