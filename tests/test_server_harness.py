@@ -341,17 +341,25 @@ def test_serving_server_flags_are_sglang_0517s_and_capture_the_loads_batch_sizes
 
     args = bench_serving.main.__globals__["argparse"].Namespace(
         concurrency=[1, 48, 256], input_len=512, output_len=256, workload="decode", mem_fraction=0.88,
-        no_prefill_graph=True, sglang_arg=[], groups=8, prompts_per_group=32, prefix_len=2048, question_len=128)
+        no_prefill_graph=True, sglang_arg=[], groups=8, prompts_per_group=32, prefix_len=2048, question_len=128,
+        speculative="none", draft_tokens=4)
     flags = bench_serving.server_flags(tmp_path, "gdn", 30000, "no_buffer", args)
     i = flags.index("--cuda-graph-bs-decode")
     assert flags[i + 1:i + 11] == ["1", "2", "4", "8", "16", "32", "48", "64", "128", "256"]
+    args.speculative = "mtp"
+    spec = [*bench_serving.SPEC_VARIANT["sglang-replay"], *bench_serving.server_flags(tmp_path, "gdn", 30000,
+                                                                                      "no_buffer", args)]
     probe = ("import sys, argparse\nfrom sglang.srt.server_args import ServerArgs\n"
              "p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)\n"
-             "a = p.parse_args(sys.argv[1:])\nprint(a.cuda_graph_bs_decode, a.mamba_radix_cache_strategy)\n")
-    out = subprocess.run([sys.executable, "-c", probe, *flags], capture_output=True, text=True, timeout=300,
-                         env={**__import__("os").environ, "PYTHONPATH": str(site)})
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split()[-2:] == ["256]", "no_buffer"]
+             "a = p.parse_args(sys.argv[1:])\nprint(a.cuda_graph_bs_decode, a.mamba_radix_cache_strategy, "
+             "a.speculative_algorithm, a.speculative_num_draft_tokens, a.enable_linear_replayssm_spec)\n")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    for given, printed in ((flags, ["256]", "no_buffer", "None", "None", "False"]),
+                           (spec, ["256]", "no_buffer", "NEXTN", "4", "True"])):
+        out = subprocess.run([sys.executable, "-c", probe, *given], capture_output=True, text=True, timeout=300,
+                             env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.split()[-5:] == printed
 
 
 def test_launch_refuses_a_port_something_listens_on(tmp_path):
@@ -393,7 +401,8 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
 
     args = bench_serving.argparse.Namespace(
         port=1, concurrency=[1, 4], input_len=8, output_len=4, workload="decode", no_prefill_graph=False,
-        mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=5, weights="sglang-dummy")
+        mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=5, weights="sglang-dummy",
+        speculative="none")
     servers = []
 
     def launch(cmd, port, log, env):
@@ -433,6 +442,38 @@ def test_serving_table_compares_each_load_with_sglangs(tmp_path):
                                           dict(model="m", variant="replay-nvfp4", radix="no_buffer",
                                                workload="decode", error="RuntimeError: boom")])))
     lines = bench_serving.table([path]).splitlines()
-    assert lines[3] == "| m | replay-fp32 | no_buffer | 64 | 3600 | 1.20x | 8.00 / 16.00 | 1.50x | 50 |  |"
-    assert lines[4] == "| m | replay-fp32 | no_buffer | 256 | 4000 |  | 10.00 / 20.00 |  | 50 |  |"
+    assert lines[3] == "| m | replay-fp32 | no_buffer | 64 | 3600 | 1.20x | 8.00 / 16.00 | 1.50x | 50 |  |  |"
+    assert lines[4] == "| m | replay-fp32 | no_buffer | 256 | 4000 |  | 10.00 / 20.00 |  | 50 |  |  |"
     assert "RuntimeError: boom" in lines[5]
+
+
+def test_serving_speculative_mtp_flags_and_model_folders(tmp_path, monkeypatch):
+    import bench_serving
+
+    commands = []
+
+    def fake(model, model_dir, variant, strategy, args, log, deadline, emit):
+        config = json.loads((model_dir / "config.json").read_text())
+        commands.append((model_dir.name, variant, config.get("mtp_num_hidden_layers"),
+                         [*bench_serving.SPEC_VARIANT.get(variant, []),
+                          *bench_serving.server_flags(model_dir, "gdn", 1, strategy, args)]))
+        return []
+
+    monkeypatch.setattr(bench_serving, "serve_and_measure", fake)
+    monkeypatch.setattr(bench_serving, "plot", lambda *a: None)
+    monkeypatch.setattr(bench_serving.models, "CONFIGS", dict(bench_serving.models.CONFIGS))
+    bench_serving.models.CONFIGS["qwen3.5-9b"] = dict(bench_serving.models.CONFIGS["qwen3.5-9b"], vocab_size=300)
+    out = tmp_path / "out"
+    assert bench_serving.main(["--models", "qwen3.5-9b", "--variants", "sglang", "sglang-replay", "--speculative",
+                               "mtp", "--draft-tokens", "3", "--out", str(out), "--models-dir", str(tmp_path)]) == 0
+    assert [c[:3] for c in commands] == [("qwen3.5-9b-mtp", "sglang", 1), ("qwen3.5-9b-mtp", "sglang-replay", 1)]
+    flags = commands[1][3]
+    assert flags[0] == "--enable-linear-replayssm-spec" and "--enable-linear-replayssm-spec" not in commands[0][3]
+    i = flags.index("--speculative-algorithm")
+    assert flags[i:i + 8] == ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2",
+                              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
+    assert (out / "serving-qwen3.5-9b-mtp.json").exists()
+    assert "mtp_num_hidden_layers" not in json.loads(models.write(tmp_path, "qwen3.5-9b").joinpath(
+        "config.json").read_text())
+    with pytest.raises(SystemExit):
+        bench_serving.main(["--models", "nemotron-h-8b", "--speculative", "mtp", "--out", str(out)])

@@ -11,11 +11,17 @@ at each concurrency by the client with random token-id prompts (``--dataset-name
 Only one server runs at a time, so each has the GPU to itself. The model folder gets a word-level
 tokenizer of the model's vocabulary (``t0 t1 ...``) so that the client and the server have one.
 
+``--speculative mtp`` serves every variant with speculative decoding, the model's MTP layer drafting a
+chain of ``--draft-tokens`` (SGLang's ``NEXTN``, topk 1; Qwen3.5 and Qwen3-Next, whose folders then
+declare the layer), SGLang's own replay with its replay verify (``--enable-linear-replayssm-spec``);
+the rows carry the client's acceptance length, arbitrary under random weights, so variants are
+compared at the acceptance they measured.
+
 ``--workload prefix`` instead sends ``--groups`` groups of ``--prompts-per-group`` requests that
 share a ``--prefix-len``-token prefix (the client's ``generated-shared-prefix`` dataset, with its
 cache report), for each radix strategy of ``--radix-strategies``.
 
-Written to ``DIR/serving-<model>.json``: one row per (variant, radix strategy, concurrency) with output
+Written to ``DIR/serving-<model>.json`` (``serving-<model>-mtp.json`` with ``--speculative mtp``): one row per (variant, radix strategy, concurrency) with output
 tokens/s, median and p99 inter-token latency and time to first token, the client's cache hit rate
 where reported, and the run's versions; ``DIR/serving.png`` plots tokens/s against concurrency per
 model; server logs go to ``DIR/servers.log``. A variant a model's family cannot serve (SGLang's own
@@ -46,7 +52,10 @@ VARIANTS = {
     "replay-fp16sr-nvfp4": ["--replay-ssm", "--replay-checkpoint-dtype", "float16_sr", "--replay-read-format", "nvfp4"],
 }
 ROW_KEYS = ("output_throughput", "median_itl_ms", "p99_itl_ms", "median_ttft_ms", "p99_ttft_ms", "completed",
-            "duration", "total_output_tokens")
+            "duration", "total_output_tokens", "accept_length")
+# with --speculative mtp, what each variant adds to the draft flags: SGLang's own replay verifies with
+# its replay spec path (without it SGLang's recurrent verify keeps a snapshot per draft token)
+SPEC_VARIANT = {"sglang-replay": ["--enable-linear-replayssm-spec"]}
 
 
 def write_tokenizer(folder: pathlib.Path, vocab_size: int) -> None:
@@ -83,6 +92,9 @@ def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str,
         flags += ["--disable-prefill-cuda-graph"]
     if family != "mamba2":
         flags += ["--linear-attn-decode-backend", "triton", "--linear-attn-verify-backend", "triton"]
+    if args.speculative == "mtp":               # a chain of drafts from the model's MTP layer (topk 1)
+        flags += ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", str(args.draft_tokens - 1),
+                  "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(args.draft_tokens)]
     return flags + args.sglang_arg
 
 
@@ -118,8 +130,9 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
     no time for is recorded as not run."""
     family = models.FAMILIES[model]
     cmd = [sys.executable, "-m", "replayssm.integrations.sglang.launch_server", *VARIANTS[variant],
+           *(SPEC_VARIANT.get(variant, []) if args.speculative == "mtp" else []),
            *server_flags(model_dir, family, args.port, strategy, args)]
-    base = dict(model=model, variant=variant, radix=strategy, workload=args.workload)
+    base = dict(model=model, variant=variant, radix=strategy, workload=args.workload, speculative=args.speculative)
     rows: list[dict] = []
     if deadline.left(60) < 60:
         rows.append(dict(base, error="not started: the deadline is less than a minute away"))
@@ -168,7 +181,7 @@ def table(paths: list[pathlib.Path]) -> str:
     tokens/s and median inter-token latency against SGLang conventional's (variant ``sglang``, the
     same workload and concurrency) where that was measured."""
     out = ["| model | variant | radix | concurrency | output tok/s | vs SGLang | ITL median / p99 ms | ITL vs SGLang "
-           "| TTFT median ms | cache hit |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| TTFT median ms | cache hit | accept length |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
         data = json.loads(path.read_text())
         ok = [r for r in data["rows"] if "output_throughput" in r]
@@ -176,15 +189,16 @@ def table(paths: list[pathlib.Path]) -> str:
         for r in data["rows"]:
             if "output_throughput" not in r:
                 out.append(f"| {r['model']} | {r['variant']} | {r['radix']} | {r.get('concurrency', '')} | "
-                           f"{r['error']} | | | | | |")
+                           f"{r['error']} | | | | | | |")
                 continue
             b = base.get((r["workload"], r["concurrency"]))
             tok = f"{r['output_throughput'] / b['output_throughput']:.2f}x" if b and r is not b else ""
             itl = f"{b['median_itl_ms'] / r['median_itl_ms']:.2f}x" if b and r is not b else ""
-            hit = r.get("cache_hit_rate_pct")
+            hit, accept = r.get("cache_hit_rate_pct"), r.get("accept_length")
             out.append(f"| {r['model']} | {r['variant']} | {r['radix']} | {r['concurrency']} | "
                        f"{r['output_throughput']:.0f} | {tok} | {r['median_itl_ms']:.2f} / {r['p99_itl_ms']:.2f} | "
-                       f"{itl} | {r['median_ttft_ms']:.0f} | {'' if hit is None else f'{hit:.1f} %'} |")
+                       f"{itl} | {r['median_ttft_ms']:.0f} | {'' if hit is None else f'{hit:.1f} %'} | "
+                       f"{'' if accept is None else f'{accept:.2f}'} |")
     return "\n".join(out)
 
 
@@ -225,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--waves", type=int, default=2, help="requests per concurrency slot")
     ap.add_argument("--radix-strategies", nargs="+", default=["no_buffer"], choices=["no_buffer", "extra_buffer"])
+    ap.add_argument("--speculative", choices=["none", "mtp"], default="none",
+                    help="mtp: speculative decoding with the model's MTP layer as the draft (NEXTN, a chain of "
+                         "--draft-tokens; qwen3.5-9b and qwen3-next); with random weights acceptance is arbitrary "
+                         "(the rows report it)")
+    ap.add_argument("--draft-tokens", type=int, default=4, help="tokens per verify, the bonus token included")
     ap.add_argument("--groups", type=int, default=8, help="prefix workload: distinct shared prefixes")
     ap.add_argument("--prompts-per-group", type=int, default=32)
     ap.add_argument("--prefix-len", type=int, default=2048)
@@ -250,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if min(args.concurrency) < 1:
         ap.error(f"--concurrency: expected positive counts, got {args.concurrency}")
+    if args.speculative == "mtp":
+        if args.draft_tokens < 2:
+            ap.error(f"--draft-tokens: expected at least 2 (one draft and the bonus token), got {args.draft_tokens}")
+        if any(m not in models.MTP for m in args.models):
+            ap.error(f"--speculative mtp: the models with an MTP draft are {sorted(models.MTP)}, got "
+                     f"{[m for m in args.models if m not in models.MTP]}")
     args.out.mkdir(parents=True, exist_ok=True)
     check_server.stop_on_sigterm()
     deadline = check_server.Deadline(args.deadline)
@@ -257,12 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     rows_by_model: dict[str, list[dict]] = {}
     with (args.out / "servers.log").open("a") as log:
         for model in args.models:
-            model_dir = models.write(args.models_dir, model)
+            model_dir = models.write(args.models_dir, model, mtp=args.speculative == "mtp")
             write_tokenizer(model_dir, models.CONFIGS[model]["vocab_size"])
             rows = rows_by_model.setdefault(model, [])
 
             def write(current: list[dict], done: list[dict] = rows, model: str = model) -> None:
-                (args.out / f"serving-{model}.json").write_text(json.dumps(dict(
+                (args.out / f"serving-{model}{'-mtp' if args.speculative == 'mtp' else ''}.json").write_text(json.dumps(dict(
                     model=model, meta=meta, config=models.CONFIGS[model], args=vars(args) | dict(
                         out=str(args.out), models_dir=str(args.models_dir)), rows=done + current), default=str) + "\n")
 

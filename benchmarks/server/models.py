@@ -74,13 +74,21 @@ FAMILIES = {"nemotron-h-8b": "mamba2", "qwen3-next": "gdn", "kimi-linear": "kda"
             "kimi-linear-dense": "kda"}
 
 
-def write(dest: pathlib.Path, name: str) -> pathlib.Path:
-    """``dest/name/config.json`` for model ``name`` (a key of ``CONFIGS``); returns the folder."""
+# the published models' MTP draft layer (SGLang 0.5.17 serves it as the draft of ``--speculative-algorithm
+# NEXTN``, the same folder as the target): the config key that declares it, per model
+MTP = {"qwen3.5-9b": dict(mtp_num_hidden_layers=1), "qwen3-next": dict(num_nextn_predict_layers=1)}
+
+
+def write(dest: pathlib.Path, name: str, mtp: bool = False) -> pathlib.Path:
+    """``dest/name/config.json`` for model ``name`` (a key of ``CONFIGS``); with ``mtp``, the model
+    with its MTP draft layer declared, in ``dest/name-mtp``; returns the folder."""
     if name not in CONFIGS:
         raise ValueError(f"name: expected one of {sorted(CONFIGS)}, got {name!r}")
-    folder = dest / name
+    if mtp and name not in MTP:
+        raise ValueError(f"name: an MTP draft is declared for {sorted(MTP)} only, got {name!r}")
+    folder = dest / (f"{name}-mtp" if mtp else name)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(CONFIGS[name], indent=1) + "\n")
+    (folder / "config.json").write_text(json.dumps(CONFIGS[name] | (MTP[name] if mtp else {}), indent=1) + "\n")
     return folder
 
 
