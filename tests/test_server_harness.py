@@ -346,6 +346,13 @@ def test_serving_server_flags_are_sglang_0517s_and_capture_the_loads_batch_sizes
     flags = bench_serving.server_flags(tmp_path, "gdn", 30000, "no_buffer", args)
     i = flags.index("--cuda-graph-bs-decode")
     assert flags[i + 1:i + 11] == ["1", "2", "4", "8", "16", "32", "48", "64", "128", "256"]
+    # SGLang keeps state slots per running request under the radix cache: fewer would cap the load
+    ratio = subprocess.run([sys.executable, "-c", "from sglang.srt.mem_cache.kv_cache_configurator import "
+                            "MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO as r; print(r)"], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(site)})
+    assert ratio.returncode == 0, ratio.stderr[-3000:]
+    assert bench_serving.SLOTS_PER_REQUEST == int(ratio.stdout.split()[-1])
+    assert int(flags[flags.index("--max-mamba-cache-size") + 1]) >= bench_serving.SLOTS_PER_REQUEST * 256
     args.speculative = "mtp"
     spec = [*bench_serving.SPEC_VARIANT["sglang-replay"], *bench_serving.server_flags(tmp_path, "gdn", 30000,
                                                                                       "no_buffer", args)]

@@ -58,6 +58,11 @@ ROW_KEYS = ("output_throughput", "median_itl_ms", "p99_itl_ms", "median_ttft_ms"
 SPEC_VARIANT = {"sglang-replay": ["--enable-linear-replayssm-spec"]}
 
 
+# SSM state slots SGLang 0.5.17 reserves per running request under the radix cache (its
+# MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO): with fewer it caps --max-running-requests below the load
+SLOTS_PER_REQUEST = 3
+
+
 def write_tokenizer(folder: pathlib.Path, vocab_size: int) -> None:
     """A word-level tokenizer of ``vocab_size`` tokens ``t0 ... t{vocab_size-1}`` in ``folder``
     (``tokenizer.json`` and ``tokenizer_config.json``): id ``i`` decodes to ``t{i}`` and a text of such
@@ -83,7 +88,7 @@ def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str,
     flags = ["--model-path", str(model_dir), "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(port),
              "--attention-backend", check_server.ATTENTION[family], "--mem-fraction-static", str(args.mem_fraction),
              "--max-running-requests", str(running), "--cuda-graph-bs-decode", *map(str, graph_bs),
-             "--max-total-tokens", str(tokens), "--max-mamba-cache-size", str(running + running // 4 + 8),
+             "--max-total-tokens", str(tokens), "--max-mamba-cache-size", str(SLOTS_PER_REQUEST * running + 8),
              "--context-length", str(args.prefix_len + args.question_len + args.output_len + 64
                                      if args.workload == "prefix" else args.input_len + args.output_len + 64),
              "--random-seed", "0", "--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", strategy,
