@@ -31,67 +31,11 @@ from replayssm.kernels.delta.triton import _delta_decode_kernel, _delta_flush_ke
 from replayssm.kernels.formats.triton import _store_checkpoint_kernel
 from replayssm.kernels.mamba2.triton import _mamba2_decode_kernel, _mamba2_flush_kernel, _mamba2_verify_kernel
 from replayssm.kernels.ring import triton as ring_triton
+from replayssm.kernels.tiles import TILES
 
 log = logging.getLogger("replayssm")
 _compiled: set = set()
 
-# Hand-picked tiles (no autotuning: these kernels mutate state), chosen with
-# benchmarks/sweep_tiles.py on an H200 at real dims (N = K = 128); "kda" entries override "delta".
-# rows: P (Mamba-2) or V (delta) per program; decode streams the state in `chunk`-column pieces
-# through a `stages`-deep pipeline (`decode_vk`: a [S, HV, V, K] checkpoint; `read_fp8` / `read`:
-# the same over an fp8 / NVFP4 read copy; `acc`: the chunks' products reduced once after the
-# stream). A decode on the checkpoint is one launch that also folds its flush rows, streaming their
-# checkpoint again in `fold_chunk`-column pieces (`dot`: the fold's precision) through a
-# `fold_stages`-deep pipeline (default `stages`). flush is the flush pass of the other steps
-# (Mamba-2: streamed in `chunk`-column pieces like decode; delta: the flush-only launch, `flush_vk`
-# on a [S, HV, V, K] checkpoint, `stages` its replay loop's pipeline depth, `dot` its cached-d
-# fold's precision; `flush_replay`: behind an fp8 / NVFP4 read copy, which replays the window
-# instead of folding the cached d); verify streams the state once for T > 1 tokens (chunk raised to
-# 16 words for tl.dot; smaller states pad with zero words; `dot`: the products' precision),
-# `verify_read` behind an fp8 / NVFP4 read copy; verify_flush is its flush pass (and the flush-only
-# launch's). `flush_replay_vk` / `verify_flush_vk`: the replay behind a read copy on a [S, HV, V, K]
-# checkpoint, which moves the checkpoint as runs of `kl` contiguous key channels (2 `kl` for a 16-bit
-# checkpoint: the same bytes), so that the
-# replay's reductions over K stay mostly within a thread (the read-copy decode and verify passes
-# read only the copy, whose layout is [V, K] whatever the checkpoint's). A flush pass
-# launches `row_programs` programs per (tile, head), which share the step's flush rows (found by
-# scanning the cursors in FLUSH_SCAN_ROWS-row blocks), so a step where few rows flush launches no
-# program per row; tiles not swept take 16. A verify pads its T tokens to a power of two, at least the
-# tile's `tokens` (default 2); fp8 verifies take `verify_read`. The sweeps behind these tiles, and the
-# alternatives measured for each, are in docs/kernel-design.md.
-TILES = {
-    "mamba2": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=4,
-                              dot="tf32x3"),
-               "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
-               "read": dict(rows=64, num_warps=1, chunk=64, stages=3, acc=True),
-               "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=16),
-               "verify": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
-               "verify_read": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
-               "verify_flush": dict(rows=64, num_warps=2, chunk=32, stages=2, dot="tf32x3", row_programs=16)},
-    "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=1,
-                             dot="tf32x3"),
-              "decode_vk": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True, fold_chunk=16, fold_stages=1,
-                                dot="tf32x3"),
-              "read_fp8": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
-              "read": dict(rows=64, num_warps=1, chunk=64, stages=3, acc=True),
-              "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", row_programs=16),
-              "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-              "flush_replay": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4),
-              # kl=0 (one [K, V] load): runs of 16 or 32 key channels timed no faster on an H200 (sweep-vk-h200.txt)
-              "flush_replay_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4, kl=0),
-              "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3", tokens=8),
-              "verify_read": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-              "verify_flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-              "verify_flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16, kl=0)},
-    "kda": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=3,
-                           dot="tf32x3"),
-            "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
-            "read": dict(rows=128, num_warps=2, chunk=16, stages=3, acc=True),
-            "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-            # the verify folds its flush rows (unpipelined, through the decode's _fold_rows)
-            "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-            "verify_read": dict(rows=128, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
-}
 # codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
 # codes; the checkpoint and fp8 (bytes, decoded in place) move one value per element
 _PER_WORD = {0: 1, 1: 1, 2: 8}
