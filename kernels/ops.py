@@ -1,4 +1,5 @@
-"""Launchers and ``torch.ops.replayssm.*`` custom ops: the one kernel set every host calls.
+"""``torch.ops.replayssm.*`` custom ops and their launchers (argument checks, then the launches
+of ``kernels/plan.py``, with the tiles of ``kernels/tiles.py``): the one kernel set every host calls.
 
 | op                          | does                                                        |
 |-----------------------------|-------------------------------------------------------------|
@@ -19,8 +20,6 @@ the pool. The slots of one launch must be distinct; that is the caller's (``chec
 from __future__ import annotations
 
 import functools
-import logging
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -30,113 +29,9 @@ from replayssm.formats import mix32
 from replayssm.kernels.delta.triton import _delta_decode_kernel, _delta_flush_kernel, _delta_verify_kernel
 from replayssm.kernels.formats.triton import _store_checkpoint_kernel
 from replayssm.kernels.mamba2.triton import _mamba2_decode_kernel, _mamba2_flush_kernel, _mamba2_verify_kernel
+from replayssm.kernels.plan import Launch, launch, passes
 from replayssm.kernels.ring import triton as ring_triton
-from replayssm.kernels.tiles import TILES
-
-log = logging.getLogger("replayssm")
-_compiled: set = set()
-
-# codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
-# codes; the checkpoint and fp8 (bytes, decoded in place) move one value per element
-_PER_WORD = {0: 1, 1: 1, 2: 8}
-# the verify kernel reads fp8 as words of 4 codes too (its tl.dot tiles take 16 words)
-_PER_WORD_VERIFY = {0: 1, 1: 4, 2: 8}
-# rows of cursors a flush-pass program scans at a time for the step's flush rows
-FLUSH_SCAN_ROWS = 128
-
-
-def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dict,
-            vk: bool = False) -> list[tuple]:
-    """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass)
-    of the two passes of a step (of the flush pass alone for ``T = 0``: a flush-only launch,
-    ``StatePool.flush`` on the device; of the decode or verify kernel alone for a step on the
-    checkpoint, which folds its flush rows too, unless its tile says ``fold=False``). The grid is
-    (row tiles, heads, last): ``"n"`` (a program per row) for the non-flush passes, ``RP`` programs
-    sharing the flush rows for the flush pass.
-
-    ``kernels``: (decode, verify, flush) Triton functions of the family; ``vk``: the checkpoint's
-    key channels are contiguous (a framework's ``[S, HV, V, K]`` tensor), which has its own decode
-    and flush tiles, and behind a read copy its own replay tiles (``flush_replay_vk``,
-    ``verify_flush_vk``: the flush passes, the only ones that read the checkpoint there)."""
-    tiles = {**TILES["delta"], **TILES["kda"]} if family == "kda" else TILES[family]
-    vk_tile = vk and const["READ_FMT"] == 0
-    fold = tiles["decode_vk" if vk_tile else "decode"]
-    if T == 1 and const["COMMITTED"] and const["READ_FMT"] == 0 and fold.get("fold", True):
-        # a decode on the checkpoint: one launch folds its flush rows too (unless the tile says
-        # fold=False: then the decode's flush rows take the flush pass, as behind a read copy)
-        tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True,
-                    FST=fold.get("fold_stages", fold["stages"]))
-        return _blocks([(kernels[0], tile, False)], rows, const)
-    ver = tiles["verify" if const["READ_FMT"] == 0 else "verify_read"]
-    tt = max(ver.get("tokens", 2), triton.next_power_of_2(T)) if T != 1 else 1   # the verify's padded tokens
-    replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
-    # a replay on a [S, HV, V, K] checkpoint moves the checkpoint in runs of `kl` key channels
-    suffix = "_vk" if vk and replay else ""
-    flush = tiles[("verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush")
-                  + suffix]
-    flush = dict(flush, RP=flush["row_programs"], RB=FLUSH_SCAN_ROWS)
-    if family == "mamba2":
-        flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
-    else:   # `kl` counts fp32 channels: a 16-bit checkpoint's runs take as many bytes, twice the channels
-        flush = dict(flush, KL=min(flush.get("kl", 0) * (1 if const["CKPT_FMT"] == 0 else 2), cols))
-    if T == 0:                                                        # flush-only: the flush pass alone
-        plan = []
-    elif T > 1:
-        pw = _PER_WORD_VERIFY[const["READ_FMT"]]
-        nc = min(cols, max(ver["chunk"], 16 * pw))
-        # a verify on the checkpoint is one launch: the verify kernel folds its flush rows' history too
-        # (unless the tile says fold=False: then the flush pass folds it)
-        vfold = const["READ_FMT"] == 0 and ver.get("fold", True)
-        plan = [(kernels[1], dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=tt, FOLD=vfold), False)]
-        if vfold:
-            return _blocks(plan, rows, const)
-    else:
-        pw = _PER_WORD[const["READ_FMT"]]
-        dec = tiles["read" if pw > 1 else "read_fp8" if const["READ_FMT"] != 0 else "decode_vk" if vk_tile
-                    else "decode"]
-        unused = dict(NF=16, dot="ieee", FST=1)                         # the fold's: unused here
-        plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw, FOLD=False, **unused), False)]
-    plan.append((kernels[2], flush, True))
-    return _blocks(plan, rows, const)
-
-
-def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
-    """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass)
-    of (kernel, tile, flush pass)."""
-    out = []
-    for kernel, tile, flush_pass in plan:
-        block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
-        extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
-                                         ("STAGES", "stages"), ("FST", "FST"), ("DOT", "dot"), ("ACC", "acc"),
-                                         ("FOLD", "FOLD"), ("NF", "NF"), ("RP", "RP"), ("RB", "RB"),
-                                         ("KL", "KL")) if t in tile}
-        out.append((kernel, block, tile["RP"] if flush_pass else "n", {**const, **extra}, tile["num_warps"],
-                    flush_pass))
-    return out
-
-
-@dataclass
-class Launch:
-    """One kernel launch: the Triton function, its grid (``"n"`` = rows), arguments in kernel order
-    (without constexprs), constexprs, warps, and whether it is the step's flush pass. The torch
-    ops run it; the TensorRT AOT path compiles the same function with the same arguments."""
-
-    op: str
-    kernel: object
-    grid: tuple
-    n: int
-    args: list
-    constexprs: dict
-    num_warps: int
-    flush_pass: bool
-
-
-def launch(plan: list[Launch]) -> None:
-    """Run launches in order (first launch of each variant is logged)."""
-    for lc in plan:
-        _log_first((lc.op, tuple(sorted(lc.constexprs.items()))))
-        grid = tuple(lc.n if d == "n" else d for d in lc.grid)
-        lc.kernel[grid](*lc.args, num_warps=lc.num_warps, **lc.constexprs)
+from replayssm.kernels.tiles import TILES  # noqa: F401  (ops.TILES: the table sweeps and tests patch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -168,12 +63,6 @@ def _require_cursors(S: int, n: int, count: torch.Tensor, origin: torch.Tensor, 
 def _require_committed(committed: bool, T: int) -> None:
     if committed and T != 1:
         raise ValueError(f"committed: a committed (decode) step takes one token per row, got T={T}")
-
-
-def _log_first(key) -> None:
-    if key not in _compiled:
-        _compiled.add(key)
-        log.info("replayssm: first launch of %s (compiles once)", key)
 
 
 def _window_block(capacity: int) -> int:
@@ -247,7 +136,7 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
             out, *out.stride()[:3], window, C_cap, sr_base]
     return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), H, z), n, args + [n] if fp else args, {**c, "BP": BP},
                    nw, fp)
-            for kernel, BP, z, c, nw, fp in _passes("mamba2", T, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
+            for kernel, BP, z, c, nw, fp in passes("mamba2", T, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
                                                                          _mamba2_flush_kernel), const)]
 
 
@@ -332,7 +221,7 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
             *g.stride()[:3], beta, *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
     return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV, z), n, args + [n] if fp else args, {**c, "BV": BV},
                    nw, fp)
-            for kernel, BV, z, c, nw, fp in _passes("kda" if per_channel else "delta", T, K, V,
+            for kernel, BV, z, c, nw, fp in passes("kda" if per_channel else "delta", T, K, V,
                                                  (_delta_decode_kernel, _delta_verify_kernel, _delta_flush_kernel),
                                                  const, vk=checkpoint.stride(-2) == 1 and K > 1)]
 
