@@ -27,6 +27,7 @@ import triton
 
 from replayssm.formats import mix32
 from replayssm.kernels.delta.triton import _delta_decode_kernel, _delta_flush_kernel, _delta_verify_kernel
+from replayssm.kernels.formats.codes import ReadCode
 from replayssm.kernels.formats.triton import _store_checkpoint_kernel
 from replayssm.kernels.mamba2.triton import _mamba2_decode_kernel, _mamba2_flush_kernel, _mamba2_verify_kernel
 from replayssm.kernels.plan import Launch, launch, passes
@@ -84,7 +85,8 @@ def _history_block(capacity: int, window: int, T: int) -> int:
 
 def _read_consts(read_format: int, cols: int) -> dict:
     """Read-copy code width and element max as kernel constants."""
-    return dict(RC_CW=cols if read_format == 1 else cols // 2, RC_EMAX=448.0 if read_format == 1 else 6.0)
+    fp8 = read_format == ReadCode.FP8
+    return dict(RC_CW=cols if fp8 else cols // 2, RC_EMAX=448.0 if fp8 else 6.0)
 
 
 def _read_buffers(read_codes, read_block_scale, read_row_scale, ref: torch.Tensor):

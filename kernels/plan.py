@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import triton
 
+from replayssm.kernels.formats.codes import CkptCode, ReadCode
 from replayssm.kernels.tiles import TILES
 
 log = logging.getLogger("replayssm")
@@ -21,9 +22,9 @@ _compiled: set = set()
 
 # codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
 # codes; the checkpoint and fp8 (bytes, decoded in place) move one value per element
-_PER_WORD = {0: 1, 1: 1, 2: 8}
+_PER_WORD = {ReadCode.CHECKPOINT: 1, ReadCode.FP8: 1, ReadCode.NVFP4: 8}
 # the verify kernel reads fp8 as words of 4 codes too (its tl.dot tiles take 16 words)
-_PER_WORD_VERIFY = {0: 1, 1: 4, 2: 8}
+_PER_WORD_VERIFY = {ReadCode.CHECKPOINT: 1, ReadCode.FP8: 4, ReadCode.NVFP4: 8}
 # rows of cursors a flush-pass program scans at a time for the step's flush rows
 FLUSH_SCAN_ROWS = 128
 
@@ -42,17 +43,18 @@ def passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dic
     and flush tiles, and behind a read copy its own replay tiles (``flush_replay_vk``,
     ``verify_flush_vk``: the flush passes, the only ones that read the checkpoint there)."""
     tiles = {**TILES["delta"], **TILES["kda"]} if family == "kda" else TILES[family]
-    vk_tile = vk and const["READ_FMT"] == 0
+    on_checkpoint = const["READ_FMT"] == ReadCode.CHECKPOINT     # no read copy: every pass reads the checkpoint
+    vk_tile = vk and on_checkpoint
     fold = tiles["decode_vk" if vk_tile else "decode"]
-    if T == 1 and const["COMMITTED"] and const["READ_FMT"] == 0 and fold.get("fold", True):
+    if T == 1 and const["COMMITTED"] and on_checkpoint and fold.get("fold", True):
         # a decode on the checkpoint: one launch folds its flush rows too (unless the tile says
         # fold=False: then the decode's flush rows take the flush pass, as behind a read copy)
         tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True,
                     FST=fold.get("fold_stages", fold["stages"]))
         return _blocks([(kernels[0], tile, False)], rows, const)
-    ver = tiles["verify" if const["READ_FMT"] == 0 else "verify_read"]
+    ver = tiles["verify" if on_checkpoint else "verify_read"]
     tt = max(ver.get("tokens", 2), triton.next_power_of_2(T)) if T != 1 else 1   # the verify's padded tokens
-    replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
+    replay = "flush_replay" in tiles and not on_checkpoint      # delta behind a read copy: replay
     # a replay on a [S, HV, V, K] checkpoint moves the checkpoint in runs of `kl` key channels
     suffix = "_vk" if vk and replay else ""
     flush = tiles[("verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush")
@@ -61,7 +63,7 @@ def passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dic
     if family == "mamba2":
         flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
     else:   # `kl` counts fp32 channels: a 16-bit checkpoint's runs take as many bytes, twice the channels
-        flush = dict(flush, KL=min(flush.get("kl", 0) * (1 if const["CKPT_FMT"] == 0 else 2), cols))
+        flush = dict(flush, KL=min(flush.get("kl", 0) * (1 if const["CKPT_FMT"] == CkptCode.FP32 else 2), cols))
     if T == 0:                                                        # flush-only: the flush pass alone
         plan = []
     elif T > 1:
@@ -69,13 +71,13 @@ def passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dic
         nc = min(cols, max(ver["chunk"], 16 * pw))
         # a verify on the checkpoint is one launch: the verify kernel folds its flush rows' history too
         # (unless the tile says fold=False: then the flush pass folds it)
-        vfold = const["READ_FMT"] == 0 and ver.get("fold", True)
+        vfold = on_checkpoint and ver.get("fold", True)
         plan = [(kernels[1], dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=tt, FOLD=vfold), False)]
         if vfold:
             return _blocks(plan, rows, const)
     else:
         pw = _PER_WORD[const["READ_FMT"]]
-        dec = tiles["read" if pw > 1 else "read_fp8" if const["READ_FMT"] != 0 else "decode_vk" if vk_tile
+        dec = tiles["read" if pw > 1 else "read_fp8" if not on_checkpoint else "decode_vk" if vk_tile
                     else "decode"]
         unused = dict(NF=16, dot="ieee", FST=1)                         # the fold's: unused here
         plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw, FOLD=False, **unused), False)]
