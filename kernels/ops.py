@@ -83,6 +83,11 @@ def _history_block(capacity: int, window: int, T: int) -> int:
     return max(16, triton.next_power_of_2(max(history, capacity - history, T)))
 
 
+def _strides(t: torch.Tensor, *names: str) -> dict:
+    """The leading strides of ``t`` by kernel parameter name (as many as names)."""
+    return dict(zip(names, t.stride()))
+
+
 def _read_consts(read_format: int, cols: int) -> dict:
     """Read-copy code width and element max as kernel constants."""
     fp8 = read_format == ReadCode.FP8
@@ -132,12 +137,15 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
     const = dict(T=T, H=H, G=G, P=P, N=N, BM=BM, COMMITTED=committed, HAS_D=D is not None,
                  HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, CKPT_FMT=checkpoint_format,
                  READ_FMT=read_format, **_read_consts(read_format, N))
-    args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_x, ring_dt, ring_B, count, origin, epoch, slots,
-            S, x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A,
-            dt_bias if dt_bias is not None else A, B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3],
-            out, *out.stride()[:3], window, C_cap, sr_base]
-    return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), H, z), n, args + [n] if fp else args, {**c, "BP": BP},
-                   nw, fp)
+    args = dict(ckpt=checkpoint, **_strides(checkpoint, "c_s", "c_h", "c_p", "c_n"), rc_codes=codes, rc_bs=bs,
+                rc_rs=rs, ring_x=ring_x, ring_dt=ring_dt, ring_B=ring_B, count_ptr=count, origin_ptr=origin,
+                epoch_ptr=epoch, slots=slots, num_slots=S, x=x, **_strides(x, "x_r", "x_t", "x_h"), dt=dt,
+                **_strides(dt, "dt_r", "dt_t"), A=A, D=D if D is not None else A,
+                dt_bias=dt_bias if dt_bias is not None else A, B=B, **_strides(B, "b_r", "b_t", "b_g"), C=C,
+                **_strides(C, "cc_r", "cc_t", "cc_g"), z=zz, **_strides(zz, "z_r", "z_t", "z_h"), out=out,
+                **_strides(out, "o_r", "o_t", "o_h"), window=window, capacity=C_cap, sr_base=sr_base)
+    return [Launch.by_name("mamba2_step", kernel, (triton.cdiv(P, BP), H, z), n, dict(args, n=n) if fp else args,
+                           {**c, "BP": BP}, nw, fp)
             for kernel, BP, z, c, nw, fp in passes("mamba2", T, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
                                                                          _mamba2_flush_kernel), const)]
 
@@ -218,11 +226,15 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BM=BM, COMMITTED=committed, PER_CHANNEL=per_channel,
                  HAS_QS=q_scale is not None, CKPT_FMT=checkpoint_format, READ_FMT=read_format,
                  **_read_consts(read_format, K))
-    args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,
-            epoch, slots, S, q, *q.stride()[:3], qs, *qs_strides, k, *k.stride()[:3], v, *v.stride()[:3], g,
-            *g.stride()[:3], beta, *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
-    return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV, z), n, args + [n] if fp else args, {**c, "BV": BV},
-                   nw, fp)
+    args = dict(ckpt=checkpoint, **_strides(checkpoint, "c_s", "c_h", "c_k", "c_v"), rc_codes=codes, rc_bs=bs,
+                rc_rs=rs, ring_k=ring_k, ring_v=ring_v, ring_g=ring_g, ring_beta=ring_beta, ring_d=ring_d,
+                count_ptr=count, origin_ptr=origin, epoch_ptr=epoch, slots=slots, num_slots=S, q=q,
+                **_strides(q, "q_r", "q_t", "q_h"), qs=qs, **dict(zip(("qs_r", "qs_t", "qs_h"), qs_strides)), k=k,
+                **_strides(k, "k_r", "k_t", "k_h"), v=v, **_strides(v, "v_r", "v_t", "v_h"), g=g,
+                **_strides(g, "g_r", "g_t", "g_h"), beta=beta, **_strides(beta, "be_r", "be_t"), out=out,
+                **_strides(out, "o_r", "o_t", "o_h"), scale=scale, window=window, capacity=C_cap, sr_base=sr_base)
+    return [Launch.by_name("delta_step", kernel, (triton.cdiv(V, BV), HV, z), n, dict(args, n=n) if fp else args,
+                           {**c, "BV": BV}, nw, fp)
             for kernel, BV, z, c, nw, fp in passes("kda" if per_channel else "delta", T, K, V,
                                                  (_delta_decode_kernel, _delta_verify_kernel, _delta_flush_kernel),
                                                  const, vk=checkpoint.stride(-2) == 1 and K > 1)]
@@ -287,8 +299,9 @@ def store_checkpoint(state: torch.Tensor, slots: torch.Tensor, checkpoint: torch
     codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, state)
     BR = min(32, max(16, triton.next_power_of_2(rows_n)))
     _store_checkpoint_kernel[(triton.cdiv(rows_n, BR), heads, r)](
-        state, *state.stride(), slots, checkpoint, *checkpoint.stride(), codes, bs, rs, epoch, sr_base,
-        HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR, IS_DELTA=is_delta, CKPT_FMT=checkpoint_format,
+        state=state, **_strides(state, "s_r", "s_h", "s_a", "s_b"), slots=slots, ckpt=checkpoint,
+        **_strides(checkpoint, "c_s", "c_h", "c_a", "c_b"), codes=codes, block_scale=bs, row_scale=rs, epoch=epoch,
+        sr_base=sr_base, HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR, IS_DELTA=is_delta, CKPT_FMT=checkpoint_format,
         READ_FMT=read_format, num_warps=4, **_read_consts(read_format, cols_n))
 
 

@@ -103,8 +103,9 @@ def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
 @dataclass
 class Launch:
     """One kernel launch: the Triton function, its grid (``"n"`` = rows), arguments in kernel order
-    (without constexprs), constexprs, warps, and whether it is the step's flush pass. The torch
-    ops run it; the TensorRT AOT path compiles the same function with the same arguments."""
+    (without constexprs; ``by_name`` orders them from the kernel's parameter names), constexprs,
+    warps, and whether it is the step's flush pass. The torch ops run it, passing the arguments by
+    name; the TensorRT AOT path compiles the same function with the same arguments."""
 
     op: str
     kernel: object
@@ -115,13 +116,33 @@ class Launch:
     num_warps: int
     flush_pass: bool
 
+    @classmethod
+    def by_name(cls, op: str, kernel, grid: tuple, n: int, args: dict, constexprs: dict, num_warps: int,
+                flush_pass: bool) -> "Launch":
+        """The launch of ``args`` named by the kernel's parameters (ValueError unless they are its
+        runtime parameters, every one), in kernel order."""
+        names = runtime_parameters(kernel, constexprs)
+        if set(args) != set(names):
+            raise ValueError(f"{kernel.__name__}: arguments {sorted(set(args) - set(names))} are no runtime "
+                             f"parameters, {sorted(set(names) - set(args))} are missing")
+        return cls(op, kernel, grid, n, [args[a] for a in names], constexprs, num_warps, flush_pass)
+
+    def kwargs(self) -> dict:
+        """The runtime arguments by parameter name."""
+        return dict(zip(runtime_parameters(self.kernel, self.constexprs), self.args))
+
+
+def runtime_parameters(kernel, constexprs: dict) -> list[str]:
+    """A Triton kernel's parameters that are not ``constexprs``, in its order."""
+    return [a for a in kernel.arg_names if a not in constexprs]
+
 
 def launch(plan: list[Launch]) -> None:
     """Run launches in order (first launch of each variant is logged)."""
     for lc in plan:
         _log_first((lc.op, tuple(sorted(lc.constexprs.items()))))
         grid = tuple(lc.n if d == "n" else d for d in lc.grid)
-        lc.kernel[grid](*lc.args, num_warps=lc.num_warps, **lc.constexprs)
+        lc.kernel[grid](**lc.kwargs(), num_warps=lc.num_warps, **lc.constexprs)
 
 
 def _log_first(key) -> None:
