@@ -5,7 +5,7 @@
 Each launch is compiled as the JIT would compile it (``integrations.trtllm.steps.compile_jit``) and
 its PTX assembled by the ptxas that ships with Triton (``ptxas -v``); a row per launch: model,
 tokens, read format, the ring's draft budget, pass, warps, rows per program, registers per
-thread and spill-store bytes. Tile choices in ``ops.TILES`` that were not timed cite it.
+thread and spill-store bytes. Tile choices in ``kernels/tiles.py`` that were not timed cite it.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ decode, flush and flush_replay also time the staggered step (row r holds r mod 1
 Decode, read and flush size the ring for decode only (no draft tokens), as bench_decode does.
 ``--json`` also writes every row (model, kind, layout, tile, column times, max |dy|), after each
 row. The chosen
-entries go into ``ops.TILES`` by hand.
+entries go into ``kernels/tiles.py`` by hand.
 """
 
 from __future__ import annotations

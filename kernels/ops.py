@@ -1,4 +1,5 @@
-"""Launchers and ``torch.ops.replayssm.*`` custom ops: the one kernel set every host calls.
+"""``torch.ops.replayssm.*`` custom ops and their launchers (argument checks, then the launches
+of ``kernels/plan.py``, with the tiles of ``kernels/tiles.py``): the one kernel set every host calls.
 
 | op                          | does                                                        |
 |-----------------------------|-------------------------------------------------------------|
@@ -19,8 +20,6 @@ the pool. The slots of one launch must be distinct; that is the caller's (``chec
 from __future__ import annotations
 
 import functools
-import logging
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -28,171 +27,12 @@ import triton
 
 from replayssm.formats import mix32
 from replayssm.kernels.delta.triton import _delta_decode_kernel, _delta_flush_kernel, _delta_verify_kernel
+from replayssm.kernels.formats.codes import ReadCode
 from replayssm.kernels.formats.triton import _store_checkpoint_kernel
 from replayssm.kernels.mamba2.triton import _mamba2_decode_kernel, _mamba2_flush_kernel, _mamba2_verify_kernel
+from replayssm.kernels.plan import Launch, launch, passes
 from replayssm.kernels.ring import triton as ring_triton
-
-log = logging.getLogger("replayssm")
-_compiled: set = set()
-
-# Hand-picked tiles (no autotuning: these kernels mutate state), chosen with
-# benchmarks/sweep_tiles.py on an H200 at real dims (N = K = 128); "kda" entries override "delta".
-# rows: P (Mamba-2) or V (delta) per program; decode streams the state in `chunk`-column pieces
-# through a `stages`-deep pipeline (`decode_vk`: a [S, HV, V, K] checkpoint; `read_fp8` / `read`:
-# the same over an fp8 / NVFP4 read copy; `acc`: the chunks' products reduced once after the
-# stream). A decode on the checkpoint is one launch that also folds its flush rows, streaming their
-# checkpoint again in `fold_chunk`-column pieces (`dot`: the fold's precision) through a
-# `fold_stages`-deep pipeline (default `stages`). flush is the flush pass of the other steps
-# (Mamba-2: streamed in `chunk`-column pieces like decode; delta: the flush-only launch, `flush_vk`
-# on a [S, HV, V, K] checkpoint, `stages` its replay loop's pipeline depth, `dot` its cached-d
-# fold's precision; `flush_replay`: behind an fp8 / NVFP4 read copy, which replays the window
-# instead of folding the cached d); verify streams the state once for T > 1 tokens (chunk raised to
-# 16 words for tl.dot; smaller states pad with zero words; `dot`: the products' precision),
-# `verify_read` behind an fp8 / NVFP4 read copy; verify_flush is its flush pass (and the flush-only
-# launch's). `flush_replay_vk` / `verify_flush_vk`: the replay behind a read copy on a [S, HV, V, K]
-# checkpoint, which moves the checkpoint as runs of `kl` contiguous key channels (2 `kl` for a 16-bit
-# checkpoint: the same bytes), so that the
-# replay's reductions over K stay mostly within a thread (the read-copy decode and verify passes
-# read only the copy, whose layout is [V, K] whatever the checkpoint's). A flush pass
-# launches `row_programs` programs per (tile, head), which share the step's flush rows (found by
-# scanning the cursors in FLUSH_SCAN_ROWS-row blocks), so a step where few rows flush launches no
-# program per row; tiles not swept take 16. A verify pads its T tokens to a power of two, at least the
-# tile's `tokens` (default 2); fp8 verifies take `verify_read`. The sweeps behind these tiles, and the
-# alternatives measured for each, are in docs/kernel-design.md.
-TILES = {
-    "mamba2": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=4,
-                              dot="tf32x3"),
-               "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
-               "read": dict(rows=64, num_warps=1, chunk=64, stages=3, acc=True),
-               "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=16),
-               "verify": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
-               "verify_read": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
-               "verify_flush": dict(rows=64, num_warps=2, chunk=32, stages=2, dot="tf32x3", row_programs=16)},
-    "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=1,
-                             dot="tf32x3"),
-              "decode_vk": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True, fold_chunk=16, fold_stages=1,
-                                dot="tf32x3"),
-              "read_fp8": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
-              "read": dict(rows=64, num_warps=1, chunk=64, stages=3, acc=True),
-              "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", row_programs=16),
-              "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-              "flush_replay": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4),
-              # kl=0 (one [K, V] load): runs of 16 or 32 key channels timed no faster on an H200 (sweep-vk-h200.txt)
-              "flush_replay_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4, kl=0),
-              "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3", tokens=8),
-              "verify_read": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-              "verify_flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-              "verify_flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16, kl=0)},
-    "kda": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=3,
-                           dot="tf32x3"),
-            "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
-            "read": dict(rows=128, num_warps=2, chunk=16, stages=3, acc=True),
-            "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-            # the verify folds its flush rows (unpipelined, through the decode's _fold_rows)
-            "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-            "verify_read": dict(rows=128, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
-}
-# codes per 32-bit word the decode kernels stream, by read-format code: NVFP4 moves as words of 8
-# codes; the checkpoint and fp8 (bytes, decoded in place) move one value per element
-_PER_WORD = {0: 1, 1: 1, 2: 8}
-# the verify kernel reads fp8 as words of 4 codes too (its tl.dot tiles take 16 words)
-_PER_WORD_VERIFY = {0: 1, 1: 4, 2: 8}
-# rows of cursors a flush-pass program scans at a time for the step's flush rows
-FLUSH_SCAN_ROWS = 128
-
-
-def _passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dict,
-            vk: bool = False) -> list[tuple]:
-    """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass)
-    of the two passes of a step (of the flush pass alone for ``T = 0``: a flush-only launch,
-    ``StatePool.flush`` on the device; of the decode or verify kernel alone for a step on the
-    checkpoint, which folds its flush rows too, unless its tile says ``fold=False``). The grid is
-    (row tiles, heads, last): ``"n"`` (a program per row) for the non-flush passes, ``RP`` programs
-    sharing the flush rows for the flush pass.
-
-    ``kernels``: (decode, verify, flush) Triton functions of the family; ``vk``: the checkpoint's
-    key channels are contiguous (a framework's ``[S, HV, V, K]`` tensor), which has its own decode
-    and flush tiles, and behind a read copy its own replay tiles (``flush_replay_vk``,
-    ``verify_flush_vk``: the flush passes, the only ones that read the checkpoint there)."""
-    tiles = {**TILES["delta"], **TILES["kda"]} if family == "kda" else TILES[family]
-    vk_tile = vk and const["READ_FMT"] == 0
-    fold = tiles["decode_vk" if vk_tile else "decode"]
-    if T == 1 and const["COMMITTED"] and const["READ_FMT"] == 0 and fold.get("fold", True):
-        # a decode on the checkpoint: one launch folds its flush rows too (unless the tile says
-        # fold=False: then the decode's flush rows take the flush pass, as behind a read copy)
-        tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True,
-                    FST=fold.get("fold_stages", fold["stages"]))
-        return _blocks([(kernels[0], tile, False)], rows, const)
-    ver = tiles["verify" if const["READ_FMT"] == 0 else "verify_read"]
-    tt = max(ver.get("tokens", 2), triton.next_power_of_2(T)) if T != 1 else 1   # the verify's padded tokens
-    replay = "flush_replay" in tiles and const["READ_FMT"] != 0      # delta behind a read copy: replay
-    # a replay on a [S, HV, V, K] checkpoint moves the checkpoint in runs of `kl` key channels
-    suffix = "_vk" if vk and replay else ""
-    flush = tiles[("verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush")
-                  + suffix]
-    flush = dict(flush, RP=flush["row_programs"], RB=FLUSH_SCAN_ROWS)
-    if family == "mamba2":
-        flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
-    else:   # `kl` counts fp32 channels: a 16-bit checkpoint's runs take as many bytes, twice the channels
-        flush = dict(flush, KL=min(flush.get("kl", 0) * (1 if const["CKPT_FMT"] == 0 else 2), cols))
-    if T == 0:                                                        # flush-only: the flush pass alone
-        plan = []
-    elif T > 1:
-        pw = _PER_WORD_VERIFY[const["READ_FMT"]]
-        nc = min(cols, max(ver["chunk"], 16 * pw))
-        # a verify on the checkpoint is one launch: the verify kernel folds its flush rows' history too
-        # (unless the tile says fold=False: then the flush pass folds it)
-        vfold = const["READ_FMT"] == 0 and ver.get("fold", True)
-        plan = [(kernels[1], dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=tt, FOLD=vfold), False)]
-        if vfold:
-            return _blocks(plan, rows, const)
-    else:
-        pw = _PER_WORD[const["READ_FMT"]]
-        dec = tiles["read" if pw > 1 else "read_fp8" if const["READ_FMT"] != 0 else "decode_vk" if vk_tile
-                    else "decode"]
-        unused = dict(NF=16, dot="ieee", FST=1)                         # the fold's: unused here
-        plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw, FOLD=False, **unused), False)]
-    plan.append((kernels[2], flush, True))
-    return _blocks(plan, rows, const)
-
-
-def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
-    """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass)
-    of (kernel, tile, flush pass)."""
-    out = []
-    for kernel, tile, flush_pass in plan:
-        block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
-        extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
-                                         ("STAGES", "stages"), ("FST", "FST"), ("DOT", "dot"), ("ACC", "acc"),
-                                         ("FOLD", "FOLD"), ("NF", "NF"), ("RP", "RP"), ("RB", "RB"),
-                                         ("KL", "KL")) if t in tile}
-        out.append((kernel, block, tile["RP"] if flush_pass else "n", {**const, **extra}, tile["num_warps"],
-                    flush_pass))
-    return out
-
-
-@dataclass
-class Launch:
-    """One kernel launch: the Triton function, its grid (``"n"`` = rows), arguments in kernel order
-    (without constexprs), constexprs, warps, and whether it is the step's flush pass. The torch
-    ops run it; the TensorRT AOT path compiles the same function with the same arguments."""
-
-    op: str
-    kernel: object
-    grid: tuple
-    n: int
-    args: list
-    constexprs: dict
-    num_warps: int
-    flush_pass: bool
-
-
-def launch(plan: list[Launch]) -> None:
-    """Run launches in order (first launch of each variant is logged)."""
-    for lc in plan:
-        _log_first((lc.op, tuple(sorted(lc.constexprs.items()))))
-        grid = tuple(lc.n if d == "n" else d for d in lc.grid)
-        lc.kernel[grid](*lc.args, num_warps=lc.num_warps, **lc.constexprs)
+from replayssm.kernels.tiles import TILES  # noqa: F401  (ops.TILES: the table sweeps and tests patch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -226,12 +66,6 @@ def _require_committed(committed: bool, T: int) -> None:
         raise ValueError(f"committed: a committed (decode) step takes one token per row, got T={T}")
 
 
-def _log_first(key) -> None:
-    if key not in _compiled:
-        _compiled.add(key)
-        log.info("replayssm: first launch of %s (compiles once)", key)
-
-
 def _window_block(capacity: int) -> int:
     """Window entries a Mamba-2 program holds (history and a step's tokens in one block): the ring
     capacity rounded up to a power of two >= 16."""
@@ -249,9 +83,15 @@ def _history_block(capacity: int, window: int, T: int) -> int:
     return max(16, triton.next_power_of_2(max(history, capacity - history, T)))
 
 
+def _strides(t: torch.Tensor, *names: str) -> dict:
+    """The leading strides of ``t`` by kernel parameter name (as many as names)."""
+    return dict(zip(names, t.stride()))
+
+
 def _read_consts(read_format: int, cols: int) -> dict:
     """Read-copy code width and element max as kernel constants."""
-    return dict(RC_CW=cols if read_format == 1 else cols // 2, RC_EMAX=448.0 if read_format == 1 else 6.0)
+    fp8 = read_format == ReadCode.FP8
+    return dict(RC_CW=cols if fp8 else cols // 2, RC_EMAX=448.0 if fp8 else 6.0)
 
 
 def _read_buffers(read_codes, read_block_scale, read_row_scale, ref: torch.Tensor):
@@ -297,13 +137,16 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
     const = dict(T=T, H=H, G=G, P=P, N=N, BM=BM, COMMITTED=committed, HAS_D=D is not None,
                  HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, CKPT_FMT=checkpoint_format,
                  READ_FMT=read_format, **_read_consts(read_format, N))
-    args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_x, ring_dt, ring_B, count, origin, epoch, slots,
-            S, x, *x.stride()[:3], dt, *dt.stride()[:2], A, D if D is not None else A,
-            dt_bias if dt_bias is not None else A, B, *B.stride()[:3], C, *C.stride()[:3], zz, *zz.stride()[:3],
-            out, *out.stride()[:3], window, C_cap, sr_base]
-    return [Launch("mamba2_step", kernel, (triton.cdiv(P, BP), H, z), n, args + [n] if fp else args, {**c, "BP": BP},
-                   nw, fp)
-            for kernel, BP, z, c, nw, fp in _passes("mamba2", T, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
+    args = dict(ckpt=checkpoint, **_strides(checkpoint, "c_s", "c_h", "c_p", "c_n"), rc_codes=codes, rc_bs=bs,
+                rc_rs=rs, ring_x=ring_x, ring_dt=ring_dt, ring_B=ring_B, count_ptr=count, origin_ptr=origin,
+                epoch_ptr=epoch, slots=slots, num_slots=S, x=x, **_strides(x, "x_r", "x_t", "x_h"), dt=dt,
+                **_strides(dt, "dt_r", "dt_t"), A=A, D=D if D is not None else A,
+                dt_bias=dt_bias if dt_bias is not None else A, B=B, **_strides(B, "b_r", "b_t", "b_g"), C=C,
+                **_strides(C, "cc_r", "cc_t", "cc_g"), z=zz, **_strides(zz, "z_r", "z_t", "z_h"), out=out,
+                **_strides(out, "o_r", "o_t", "o_h"), window=window, capacity=C_cap, sr_base=sr_base)
+    return [Launch.by_name("mamba2_step", kernel, (triton.cdiv(P, BP), H, z), n, dict(args, n=n) if fp else args,
+                           {**c, "BP": BP}, nw, fp)
+            for kernel, BP, z, c, nw, fp in passes("mamba2", T, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
                                                                          _mamba2_flush_kernel), const)]
 
 
@@ -383,12 +226,16 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BM=BM, COMMITTED=committed, PER_CHANNEL=per_channel,
                  HAS_QS=q_scale is not None, CKPT_FMT=checkpoint_format, READ_FMT=read_format,
                  **_read_consts(read_format, K))
-    args = [checkpoint, *checkpoint.stride(), codes, bs, rs, ring_k, ring_v, ring_g, ring_beta, ring_d, count, origin,
-            epoch, slots, S, q, *q.stride()[:3], qs, *qs_strides, k, *k.stride()[:3], v, *v.stride()[:3], g,
-            *g.stride()[:3], beta, *beta.stride()[:2], out, *out.stride()[:3], scale, window, C_cap, sr_base]
-    return [Launch("delta_step", kernel, (triton.cdiv(V, BV), HV, z), n, args + [n] if fp else args, {**c, "BV": BV},
-                   nw, fp)
-            for kernel, BV, z, c, nw, fp in _passes("kda" if per_channel else "delta", T, K, V,
+    args = dict(ckpt=checkpoint, **_strides(checkpoint, "c_s", "c_h", "c_k", "c_v"), rc_codes=codes, rc_bs=bs,
+                rc_rs=rs, ring_k=ring_k, ring_v=ring_v, ring_g=ring_g, ring_beta=ring_beta, ring_d=ring_d,
+                count_ptr=count, origin_ptr=origin, epoch_ptr=epoch, slots=slots, num_slots=S, q=q,
+                **_strides(q, "q_r", "q_t", "q_h"), qs=qs, **dict(zip(("qs_r", "qs_t", "qs_h"), qs_strides)), k=k,
+                **_strides(k, "k_r", "k_t", "k_h"), v=v, **_strides(v, "v_r", "v_t", "v_h"), g=g,
+                **_strides(g, "g_r", "g_t", "g_h"), beta=beta, **_strides(beta, "be_r", "be_t"), out=out,
+                **_strides(out, "o_r", "o_t", "o_h"), scale=scale, window=window, capacity=C_cap, sr_base=sr_base)
+    return [Launch.by_name("delta_step", kernel, (triton.cdiv(V, BV), HV, z), n, dict(args, n=n) if fp else args,
+                           {**c, "BV": BV}, nw, fp)
+            for kernel, BV, z, c, nw, fp in passes("kda" if per_channel else "delta", T, K, V,
                                                  (_delta_decode_kernel, _delta_verify_kernel, _delta_flush_kernel),
                                                  const, vk=checkpoint.stride(-2) == 1 and K > 1)]
 
@@ -452,8 +299,9 @@ def store_checkpoint(state: torch.Tensor, slots: torch.Tensor, checkpoint: torch
     codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, state)
     BR = min(32, max(16, triton.next_power_of_2(rows_n)))
     _store_checkpoint_kernel[(triton.cdiv(rows_n, BR), heads, r)](
-        state, *state.stride(), slots, checkpoint, *checkpoint.stride(), codes, bs, rs, epoch, sr_base,
-        HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR, IS_DELTA=is_delta, CKPT_FMT=checkpoint_format,
+        state=state, **_strides(state, "s_r", "s_h", "s_a", "s_b"), slots=slots, ckpt=checkpoint,
+        **_strides(checkpoint, "c_s", "c_h", "c_a", "c_b"), codes=codes, block_scale=bs, row_scale=rs, epoch=epoch,
+        sr_base=sr_base, HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR, IS_DELTA=is_delta, CKPT_FMT=checkpoint_format,
         READ_FMT=read_format, num_warps=4, **_read_consts(read_format, cols_n))
 
 

@@ -16,7 +16,7 @@ import replayssm as rs
 from helpers import SPECS, TOL, Params, f64, make_inputs, rms_ratio, step_oracle, token
 from shapes import MODEL_SPECS
 
-from replayssm.kernels import ops
+from replayssm.kernels import ops, plan
 from replayssm.kernels.formats.triton import READ_CODES, dot_fp32, e2m1_encode, load_read_words, word_values
 
 CUDA = torch.cuda.is_available()
@@ -506,7 +506,7 @@ def test_flush_pass_finds_the_flush_rows_of_staggered_rows(monkeypatch, family, 
     match). Decode tiles with ``fold=False``: a decode on the checkpoint takes the flush pass too;
     a verify on the checkpoint folds its flush rows in the verify kernel (``verify_fold``) or in
     the flush pass after it."""
-    monkeypatch.setattr(ops, "FLUSH_SCAN_ROWS", 16)
+    monkeypatch.setattr(plan, "FLUSH_SCAN_ROWS", 16)
     for table in ops.TILES.values():
         for kind, tile in table.items():
             if "row_programs" in tile:
@@ -564,7 +564,7 @@ def test_warmup_compiles_and_logs_first_launches(caplog):
     import logging
 
     from replayssm.kernels import warmup
-    from replayssm.kernels.ops import _compiled
+    from replayssm.kernels.plan import _compiled
     spec = rs.LayerSpec.gdn(num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=8)
     cfg = rs.ReplayConfig(window=3, max_draft_tokens=1, seed=7)
     _compiled.clear()

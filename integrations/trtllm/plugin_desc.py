@@ -83,7 +83,7 @@ class KernelLaunch:
     JIT compiles in as constants (``baked``: integers equal to 1), the runtime scalars TensorRT passes
     as int32 extra args (``extra_args``: ``(parameter, value)`` in kernel order, value ``"n"`` /
     ``"S"`` or the int32 passed: an integer, a float's fp32 bits, ``sr_base``'s uint32 bits), and the
-    ``kernels.ops.Launch`` it was taken from."""
+    ``kernels.plan.Launch`` it was taken from."""
 
     kernel_name: str
     grid: tuple
@@ -240,7 +240,7 @@ def _describe_advance(ring_triton, spec, cfg, tokens: int, *, committed: bool) -
     ``n`` and ``num_slots`` (``"n"``, ``"S"``; compiled unspecialized, one PTX for every batch), T,
     window and capacity (constants; T = 1 compiled in, as the JIT does).
     """
-    from replayssm.kernels.ops import Launch
+    from replayssm.kernels.plan import Launch
 
     cur = {"count": (("S + 1",), torch.int32), "origin": (("S + 1",), torch.int32),
            "pending": (("S + 1",), torch.int32), "epoch": (("S + 1",), torch.int32), "slots": (("n",), torch.int64)}

@@ -248,7 +248,7 @@ def jit_specialization(lc, arch: str, *, dynamic: tuple = (), replace: dict | No
     when its address is; floats are fp32, unspecialized.
 
     Args:
-        lc: a ``kernels.ops.Launch``.
+        lc: a ``kernels.plan.Launch``.
         dynamic: integer parameters compiled as Triton compiles a ``do_not_specialize`` one (plain
             i32, whatever the value): sizes that vary between launches of one PTX (``n``).
         replace: parameter -> value used in place of ``lc``'s argument.

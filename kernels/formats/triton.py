@@ -13,9 +13,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# read formats and checkpoint formats: host codes and the same values as kernel constants
-READ_CODES = {"checkpoint": 0, "fp8": 1, "nvfp4": 2}
-CKPT_CODES = {"float32": 0, "bfloat16": 1, "float16_sr": 2}
+from replayssm.kernels.formats.codes import CKPT_CODES, READ_CODES
+
+# the read and checkpoint format codes (``codes.py``) as kernel constants
 READ_CHECKPOINT, READ_FP8, READ_NVFP4 = (tl.constexpr(v) for v in READ_CODES.values())
 CKPT_FP32, CKPT_BF16, CKPT_FP16_SR = (tl.constexpr(v) for v in CKPT_CODES.values())
 

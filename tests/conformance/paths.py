@@ -39,7 +39,7 @@ class Trace:
         transformers path has no padding and leaves those rows NaN).
     state: ``"ring.x"``, ``"cursor.count"``, ``"checkpoint"``, ``"read.codes"`` ... ->
         ``[num_seqs, ...]`` in logical sequence order (canonical checkpoint layout).
-    launches: the Triton launches of the steps, in order (``replayssm.kernels.ops.Launch``).
+    launches: the Triton launches of the steps, in order (``replayssm.kernels.plan.Launch``).
     """
 
     outputs: list

@@ -1,0 +1,59 @@
+"""The tile table: hand-picked tiles of every step pass, by family and kind (no autotuning: these
+kernels mutate state). Chosen with ``benchmarks/sweep_tiles.py`` on an H200 at real dims
+(N = K = 128); the sweeps behind each entry, and the alternatives measured for it, are in
+``docs/kernel-design.md``. ``kernels/plan.py`` turns a step into launches with these tiles.
+
+Families: ``"mamba2"``, ``"delta"`` (GDN) and ``"kda"``, whose entries override delta's.
+
+Kinds: ``decode`` (a decode on the checkpoint, one launch that also folds its flush rows;
+``decode_vk`` on a ``[S, HV, V, K]`` checkpoint), ``read_fp8`` / ``read`` (a decode over an fp8 /
+NVFP4 read copy), ``flush`` (the flush pass of the other steps: Mamba-2 streams it like decode;
+delta: the flush-only launch, ``flush_vk`` on a ``[S, HV, V, K]`` checkpoint), ``flush_replay``
+(delta behind a read copy: replays the window instead of folding the cached d), ``verify`` (T > 1
+tokens, the state streamed once; ``verify_read`` behind a read copy, fp8 included), ``verify_flush``
+(its flush pass, and the flush-only launch's), ``flush_replay_vk`` / ``verify_flush_vk`` (the
+replay behind a read copy on a ``[S, HV, V, K]`` checkpoint).
+
+Keys: ``rows`` (P or V rows per program), ``num_warps``; ``chunk`` (state columns streamed at a
+time; a verify raises it to 16 words for ``tl.dot``), ``stages`` (pipeline depth; the delta flush:
+its replay loop's), ``acc`` (the chunks' products reduced once after the stream), ``dot`` (the
+products' precision); ``fold_chunk`` / ``fold_stages`` (the decode's fold of its flush rows:
+columns and depth, default ``stages``); ``row_programs`` (programs per (tile, head) sharing a
+flush pass's rows; tiles not swept take 16); ``tokens`` (a verify pads its T tokens to a power of
+two at least this, default 2); ``kl`` (a replay on a ``[S, HV, V, K]`` checkpoint moves it as
+runs of ``kl`` contiguous key channels, 2 ``kl`` for a 16-bit checkpoint; 0: one ``[K, V]`` load);
+``fold=False`` (sweeps and tests only: a step on the checkpoint takes the flush pass instead).
+"""
+
+TILES = {
+    "mamba2": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=4,
+                              dot="tf32x3"),
+               "read_fp8": dict(rows=64, num_warps=1, chunk=16, stages=4, acc=True),
+               "read": dict(rows=64, num_warps=1, chunk=64, stages=3, acc=True),
+               "flush": dict(rows=32, num_warps=2, chunk=32, stages=3, dot="tf32x3", row_programs=16),
+               "verify": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
+               "verify_read": dict(rows=64, num_warps=1, chunk=32, stages=2, dot="tf32x3"),
+               "verify_flush": dict(rows=64, num_warps=2, chunk=32, stages=2, dot="tf32x3", row_programs=16)},
+    "delta": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=1,
+                             dot="tf32x3"),
+              "decode_vk": dict(rows=64, num_warps=2, chunk=32, stages=3, acc=True, fold_chunk=16, fold_stages=1,
+                                dot="tf32x3"),
+              "read_fp8": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False),
+              "read": dict(rows=64, num_warps=1, chunk=64, stages=3, acc=True),
+              "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", row_programs=16),
+              "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
+              "flush_replay": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4),
+              "flush_replay_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4, kl=0),
+              "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3", tokens=8),
+              "verify_read": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+              "verify_flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
+              "verify_flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16, kl=0)},
+    "kda": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=3,
+                           dot="tf32x3"),
+            "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
+            "read": dict(rows=128, num_warps=2, chunk=16, stages=3, acc=True),
+            "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
+            # the verify folds its flush rows (unpipelined, through the decode's _fold_rows)
+            "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
+            "verify_read": dict(rows=128, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
+}
