@@ -6,7 +6,7 @@ import torch
 import triton
 
 from replayssm.kernels import backend_reference, ops
-from replayssm.kernels.formats.triton import CKPT_CODES, READ_CODES
+from replayssm.kernels.formats.codes import CKPT_CODES, READ_CODES
 
 supports_unchecked = True
 

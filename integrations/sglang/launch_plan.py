@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from replayssm import ReplayConfig
+from replayssm import backend as backends
 from replayssm.pool import side_bytes_per_slot
 
 _DIMS = {"mamba2": ("num_heads", "head_dim", "state_dim", "num_groups"),
@@ -100,12 +101,11 @@ def replay_plan(server_args, cfg: ReplayConfig, model_cfg=None) -> dict:
     except ValueError as e:
         raise SystemExit(f"--replay-read-format: {cfg.read_format} cannot serve this model's layers ({e})") from None
     backend = "triton" if getattr(server_args, "device", None) == "cuda" else "reference"
-    if backend == "triton":
-        from replayssm.kernels import backend as kernel_backend
-        try:
-            kernel_backend.check(spec, cfg)
-        except ValueError as e:
-            raise SystemExit(f"--replay-ssm: the Triton kernels do not take this model's layers ({e})") from None
+    try:
+        backends.get(backend).check(spec, cfg)
+    except ValueError as e:
+        what = "the Triton kernels" if backend == "triton" else f"the {backend} backend"
+        raise SystemExit(f"--replay-ssm: {what} do not take this model's layers ({e})") from None
     state_dtype = params.dtype.temporal
     if state_dtype != cfg.torch_checkpoint_dtype:
         raise SystemExit(f"--replay-checkpoint-dtype: SGLang stores this model's ssm state as {state_dtype} "

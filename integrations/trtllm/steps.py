@@ -117,7 +117,7 @@ def allocate(buffers: dict, n: int, S: int, device="meta") -> dict:
 def step_plan(spec, cfg, tensors: dict, *, committed: bool, layer: int = 0, state_layout: str = "kv") -> list:
     """``ops.mamba2_plan`` / ``ops.delta_plan`` over named step tensors (as ``allocate`` gives)."""
     from replayssm.kernels import ops
-    from replayssm.kernels.formats.triton import CKPT_CODES, READ_CODES
+    from replayssm.kernels.formats.codes import CKPT_CODES, READ_CODES
 
     t = dict(tensors)
     if spec.is_delta and state_layout == "vk":
