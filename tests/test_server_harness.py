@@ -382,7 +382,7 @@ def test_launch_refuses_a_port_something_listens_on(tmp_path):
 
 
 def test_sigterm_stops_the_servers_a_runner_started(tmp_path):
-    """A runner killed by SIGTERM (``timeout``) ends the servers it started in their own sessions,
+    """A runner killed by SIGTERM (``timeout``) ends the servers it started in their own process groups,
     which would otherwise keep their ports and answer the next run's requests."""
     script = tmp_path / "runner.py"
     script.write_text(f"""

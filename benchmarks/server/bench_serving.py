@@ -21,9 +21,9 @@ compared at the acceptance they measured.
 share a ``--prefix-len``-token prefix (the client's ``generated-shared-prefix`` dataset, with its
 cache report), for each radix strategy of ``--radix-strategies``.
 
-Written to ``DIR/serving-<model>.json`` (``serving-<model>-mtp.json`` with ``--speculative mtp``): one row per (variant, radix strategy, concurrency) with output
-tokens/s, median and p99 inter-token latency and time to first token, the client's cache hit rate
-where reported, and the run's versions; ``DIR/serving.png`` plots tokens/s against concurrency per
+Written to ``DIR/serving-<model>.json`` (``serving-<model>-mtp.json`` with ``--speculative mtp``): one
+row per (variant, radix strategy, concurrency) with output tokens/s, median and p99 inter-token
+latency and time to first token, the client's cache hit rate where reported, and the run's versions; ``DIR/serving.png`` plots tokens/s against concurrency per
 model; server logs go to ``DIR/servers.log``. A variant a model's family cannot serve (SGLang's own
 replay on Mamba-2) is skipped, and a server that fails is recorded with its error.
 """
@@ -291,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
             write_tokenizer(model_dir, models.CONFIGS[model]["vocab_size"])
             rows = rows_by_model.setdefault(model, [])
 
-            def write(current: list[dict], done: list[dict] = rows, model: str = model) -> None:
-                (args.out / f"serving-{model}{'-mtp' if args.speculative == 'mtp' else ''}.json").write_text(json.dumps(dict(
+            path = args.out / f"serving-{model}{'-mtp' if args.speculative == 'mtp' else ''}.json"
+
+            def write(current: list[dict], done: list[dict] = rows, model: str = model, path=path) -> None:
+                path.write_text(json.dumps(dict(
                     model=model, meta=meta, config=models.CONFIGS[model], args=vars(args) | dict(
                         out=str(args.out), models_dir=str(args.models_dir)), rows=done + current), default=str) + "\n")
 

@@ -181,7 +181,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 def stop_on_sigterm() -> None:
     """On SIGTERM (``timeout``, a job's end) stop every live server, then exit with 143: a server
-    started in its own session would otherwise outlive this process and hold its port and GPU."""
+    started in its own process group would otherwise outlive this process and hold its port and GPU."""
     def handler(signum, frame):
         for proc in list(LIVE):
             stop(proc)
@@ -215,13 +215,9 @@ def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args
     log.flush()
     t0 = time.time()
     print(f"  {model} {name}: starting on port {port}", flush=True)
+    proc = None
     try:
         proc = launch(cmd, port, log, server_env(args))
-    except RuntimeError as e:
-        result["error"] = f"RuntimeError: {e}"
-        print(f"  {model} {name}: FAILED {result['error']}", flush=True)
-        return result
-    try:
         wait_ready(proc, port, deadline.left(args.start_timeout))
         result["start_s"] = round(time.time() - t0, 1)
         print(f"  {model} {name}: ready in {result['start_s']} s", flush=True)
@@ -237,7 +233,8 @@ def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args
         result["error"] = f"{type(e).__name__}: {e}"
         print(f"  {model} {name}: FAILED {result['error']}", flush=True)
     finally:
-        stop(proc)
+        if proc is not None:
+            stop(proc)
     return result
 
 
