@@ -484,3 +484,17 @@ def test_serving_speculative_mtp_flags_and_model_folders(tmp_path, monkeypatch):
         "config.json").read_text())
     with pytest.raises(SystemExit):
         bench_serving.main(["--models", "nemotron-h-8b", "--speculative", "mtp", "--out", str(out)])
+
+
+@pytest.mark.parametrize("variant", sorted(check_server.VARIANTS))
+def test_every_variant_gets_one_state_dtype_the_launcher_accepts(variant):
+    """SGLang's own variants store float32 states; a replay variant's launcher sets the dtype of its
+    checkpoint (fp16-SR: float16) and refuses another, so the harness passes none there."""
+    from replayssm.integrations.sglang import launch_server
+
+    flags = check_server.VARIANTS[variant]
+    cfg, sglang_args, _ = launch_server.resolve([*flags, *check_server.ssm_dtype_flags(flags), "--model-path", "m"])
+    dtypes = [sglang_args[i + 1] for i, a in enumerate(sglang_args) if a == "--mamba-ssm-dtype"]
+    expected = {"float16_sr": "float16", "bfloat16": "bfloat16"}.get(
+        launch_server._flag_value(flags, "--replay-checkpoint-dtype"), "float32")
+    assert dtypes == [expected] and (cfg is None) == ("--replay-ssm" not in flags)

@@ -91,7 +91,7 @@ def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str,
              "--max-total-tokens", str(tokens), "--max-mamba-cache-size", str(SLOTS_PER_REQUEST * running + 8),
              "--context-length", str(args.prefix_len + args.question_len + args.output_len + 64
                                      if args.workload == "prefix" else args.input_len + args.output_len + 64),
-             "--random-seed", "0", "--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", strategy,
+             "--random-seed", "0", "--mamba-radix-cache-strategy", strategy,
              "--disable-overlap-schedule", "--log-level", "warning"]
     if args.no_prefill_graph:
         flags += ["--disable-prefill-cuda-graph"]
@@ -135,7 +135,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
     no time for is recorded as not run."""
     family = models.FAMILIES[model]
     cmd = [sys.executable, "-m", "replayssm.integrations.sglang.launch_server", *VARIANTS[variant],
-           *(SPEC_VARIANT.get(variant, []) if args.speculative == "mtp" else []),
+           *check_server.ssm_dtype_flags(VARIANTS[variant]), *(SPEC_VARIANT.get(variant, []) if args.speculative == "mtp" else []),
            *server_flags(model_dir, family, args.port, strategy, args)]
     base = dict(model=model, variant=variant, radix=strategy, workload=args.workload, speculative=args.speculative)
     rows: list[dict] = []

@@ -85,6 +85,12 @@ def serves(variant: str, model: str) -> bool:
 ATTENTION = {"mamba2": "flashinfer", "gdn": "triton", "kda": "triton"}
 
 
+def ssm_dtype_flags(variant_flags: list[str]) -> list[str]:
+    """SGLang's state dtype: float32 for SGLang's own variants; a replay variant's launcher sets the
+    dtype its ``--replay-checkpoint-dtype`` stores (and refuses another)."""
+    return [] if "--replay-ssm" in variant_flags else ["--mamba-ssm-dtype", "float32"]
+
+
 def server_args(model_dir: pathlib.Path, family: str, port: int, args) -> list[str]:
     """SGLang flags every variant shares (the launcher adds what replay needs)."""
     flags = ["--model-path", str(model_dir), "--load-format", "dummy", "--skip-tokenizer-init", "--host", "127.0.0.1",
@@ -93,7 +99,7 @@ def server_args(model_dir: pathlib.Path, family: str, port: int, args) -> list[s
              "--max-total-tokens", str(args.max_total_tokens),
              "--max-mamba-cache-size", str(args.max_mamba_cache_size or 3 * args.max_running_requests),
              "--cuda-graph-max-bs", str(args.max_running_requests), "--context-length", "2048", "--random-seed", "0",
-             "--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule",
+             "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule",
              "--log-level", "warning"]
     if args.no_prefill_graph:
         flags += ["--disable-prefill-cuda-graph"]
@@ -205,7 +211,7 @@ def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args
     """Start one server, send ``reqs`` wave after wave, stop it; server output goes to ``log``."""
     family = models.FAMILIES[model]
     cmd = [sys.executable, "-m", "replayssm.integrations.sglang.launch_server", *VARIANTS[name],
-           *server_args(model_dir, family, port, args)]
+           *ssm_dtype_flags(VARIANTS[name]), *server_args(model_dir, family, port, args)]
     result = dict(command=cmd)
     if deadline.left(60) < 60:
         result["error"] = "not started: the deadline is less than a minute away"
