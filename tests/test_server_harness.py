@@ -493,8 +493,9 @@ def test_every_variant_gets_one_state_dtype_the_launcher_accepts(variant):
     from replayssm.integrations.sglang import launch_server
 
     flags = check_server.VARIANTS[variant]
-    cfg, sglang_args, _ = launch_server.resolve([*flags, *check_server.ssm_dtype_flags(flags), "--model-path", "m"])
+    command = check_server.launcher_command(variant)
+    assert command[:3] == [sys.executable, "-m", "replayssm.integrations.sglang.launch_server"]
+    cfg, sglang_args, _ = launch_server.resolve([*command[3:], "--model-path", "m"])
     dtypes = [sglang_args[i + 1] for i, a in enumerate(sglang_args) if a == "--mamba-ssm-dtype"]
-    expected = {"float16_sr": "float16", "bfloat16": "bfloat16"}.get(
-        launch_server._flag_value(flags, "--replay-checkpoint-dtype"), "float32")
-    assert dtypes == [expected] and (cfg is None) == ("--replay-ssm" not in flags)
+    assert dtypes == ["float16" if "float16_sr" in flags else "float32"]
+    assert (cfg is None) == ("--replay-ssm" not in flags)

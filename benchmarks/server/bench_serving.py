@@ -134,8 +134,8 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
     passed to ``emit`` (with the rows so far) as soon as it is measured. A load the deadline leaves
     no time for is recorded as not run."""
     family = models.FAMILIES[model]
-    cmd = [sys.executable, "-m", "replayssm.integrations.sglang.launch_server", *VARIANTS[variant],
-           *check_server.ssm_dtype_flags(VARIANTS[variant]), *(SPEC_VARIANT.get(variant, []) if args.speculative == "mtp" else []),
+    cmd = [*check_server.launcher_command(variant),
+           *(SPEC_VARIANT.get(variant, []) if args.speculative == "mtp" else []),
            *server_flags(model_dir, family, args.port, strategy, args)]
     base = dict(model=model, variant=variant, radix=strategy, workload=args.workload, speculative=args.speculative)
     rows: list[dict] = []

@@ -85,10 +85,13 @@ def serves(variant: str, model: str) -> bool:
 ATTENTION = {"mamba2": "flashinfer", "gdn": "triton", "kda": "triton"}
 
 
-def ssm_dtype_flags(variant_flags: list[str]) -> list[str]:
-    """SGLang's state dtype: float32 for SGLang's own variants; a replay variant's launcher sets the
-    dtype its ``--replay-checkpoint-dtype`` stores (and refuses another)."""
-    return [] if "--replay-ssm" in variant_flags else ["--mamba-ssm-dtype", "float32"]
+def launcher_command(variant: str) -> list[str]:
+    """The launcher and ``variant``'s flags, with SGLang's state dtype: float32 for SGLang's own
+    variants; a replay variant's launcher sets the dtype its ``--replay-checkpoint-dtype`` stores
+    (and refuses another)."""
+    flags = VARIANTS[variant]
+    dtype = [] if "--replay-ssm" in flags else ["--mamba-ssm-dtype", "float32"]
+    return [sys.executable, "-m", "replayssm.integrations.sglang.launch_server", *flags, *dtype]
 
 
 def server_args(model_dir: pathlib.Path, family: str, port: int, args) -> list[str]:
@@ -210,8 +213,7 @@ def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args
                 deadline: Deadline) -> dict:
     """Start one server, send ``reqs`` wave after wave, stop it; server output goes to ``log``."""
     family = models.FAMILIES[model]
-    cmd = [sys.executable, "-m", "replayssm.integrations.sglang.launch_server", *VARIANTS[name],
-           *ssm_dtype_flags(VARIANTS[name]), *server_args(model_dir, family, port, args)]
+    cmd = [*launcher_command(name), *server_args(model_dir, family, port, args)]
     result = dict(command=cmd)
     if deadline.left(60) < 60:
         result["error"] = "not started: the deadline is less than a minute away"
