@@ -47,6 +47,11 @@ class Backend(Protocol):
         """Write fp32 ``state [r, *state_shape]`` as the checkpoint of ``cpu_rows`` (rounded to the
         checkpoint dtype) and re-derive their read copy; cursors untouched."""
 
+    def refresh(self, pool, layer: int, rows: torch.Tensor) -> None:
+        """Re-derive the read copy of ``rows`` (int64 ``[r]`` on the pool's device, slots of the pool;
+        repeats allowed) of ``layer`` from their stored checkpoint; checkpoint and cursors untouched.
+        Called only on a pool with a read copy."""
+
     def commit(self, cursors: dict, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """Keep the first ``num_accepted [n]`` pending tokens of ``slots`` in every layer."""
 
@@ -69,8 +74,8 @@ def get(name: str) -> Backend:
         raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {name!r}")
     found = importlib.import_module(BACKENDS[name])
     if not isinstance(found, Backend):
-        missing = [m for m in ("supports_unchecked", "check", "step", "flush", "store", "commit", "fold_committed")
-                   if not hasattr(found, m)]
+        members = ("supports_unchecked", "check", "step", "flush", "refresh", "store", "commit", "fold_committed")
+        missing = [m for m in members if not hasattr(found, m)]
         raise ValueError(f"backend: {BACKENDS[name]} does not implement replayssm.backend.Backend (missing "
                          f"{', '.join(missing)})")
     return found

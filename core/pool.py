@@ -242,11 +242,7 @@ class StatePool:
             rows = cpu_idx.to(self.device)
         for lay in layers:
             if self.read and rows.numel():
-                stored = self.checkpoint[lay, rows].float()
-                codes, bs, rs = formats.quantize(to_read_layout(self.spec, stored), self.cfg.read_format)
-                self.read["codes"][lay, rows] = codes
-                self.read["block_scale"][lay, rows] = bs
-                self.read["row_scale"][lay, rows] = rs
+                self.backend_ops.refresh(self, lay, rows)
             ring.empty(self.cursors, lay, slots, wrote_checkpoint=True)
             if checked:
                 self.pending[lay, cpu_idx] = 0

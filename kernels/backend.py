@@ -91,6 +91,13 @@ def store(pool, layer: int, host_rows: torch.Tensor, state: torch.Tensor) -> Non
                          ops.sr_base(cfg.seed, layer))
 
 
+def refresh(pool, layer: int, rows: torch.Tensor) -> None:
+    """Re-derive the read copy of ``rows`` (int64 on the device, slots of the pool) of ``layer`` from
+    their stored checkpoint, on the device; checkpoint and cursors untouched. Reads no device value."""
+    read, _, _, _ = _layer_buffers(pool, layer)
+    ops.refresh_read_copy(pool.checkpoint[layer], rows, *read, pool.spec.is_delta, READ_CODES[pool.cfg.read_format])
+
+
 def commit(cursors: dict, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
     """Keep ``num_accepted`` pending tokens of ``slots`` in every layer (one launch)."""
     ops.commit(cursors["count"], cursors["pending"], slots, num_accepted)

@@ -150,6 +150,16 @@ def store(pool, layer: int, cpu_rows: torch.Tensor, state: torch.Tensor) -> None
 commit = ring.commit
 
 
+def refresh(pool, layer: int, rows: torch.Tensor) -> None:
+    """Re-derive the read copy of ``rows`` (int64 on the pool's device) of ``layer`` from their stored
+    checkpoint; checkpoint and cursors untouched."""
+    stored = pool.checkpoint[layer, rows].float()
+    codes, bs, rs = formats.quantize(to_read_layout(pool.spec, stored), pool.cfg.read_format)
+    pool.read["codes"][layer, rows] = codes
+    pool.read["block_scale"][layer, rows] = bs
+    pool.read["row_scale"][layer, rows] = rs
+
+
 def fold_committed(pool, layer: int, cpu_rows: torch.Tensor) -> torch.Tensor:
     """fp32 state after the committed ring of ``cpu_rows``, from the exact checkpoint."""
     spec = pool.spec

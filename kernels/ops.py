@@ -6,6 +6,7 @@ of ``kernels/plan.py``, with the tiles of ``kernels/tiles.py``): the one kernel 
 | ``mamba2_step``             | Mamba-2 decode / verify step (outputs, ring append, flush)  |
 | ``delta_step``              | GDN / KDA decode / verify step                              |
 | ``store_checkpoint``        | write fp32 states as checkpoint (+ read copy)               |
+| ``refresh_read_copy``       | re-derive read copies from the stored checkpoint            |
 | ``advance`` / ``commit``    | cursor moves (ring contract)                                |
 
 Every op mutates the caller's buffers in place (declared in ``mutates_args``), allocates
@@ -28,7 +29,7 @@ import triton
 from replayssm.formats import mix32
 from replayssm.kernels.delta.triton import _delta_decode_kernel, _delta_flush_kernel, _delta_verify_kernel
 from replayssm.kernels.formats.codes import ReadCode
-from replayssm.kernels.formats.triton import _store_checkpoint_kernel
+from replayssm.kernels.formats.triton import _refresh_read_copy_kernel, _store_checkpoint_kernel
 from replayssm.kernels.mamba2.triton import _mamba2_decode_kernel, _mamba2_flush_kernel, _mamba2_verify_kernel
 from replayssm.kernels.plan import Launch, launch, passes
 from replayssm.kernels.ring import triton as ring_triton
@@ -308,6 +309,34 @@ def store_checkpoint(state: torch.Tensor, slots: torch.Tensor, checkpoint: torch
 @store_checkpoint.register_fake
 def _(state, slots, checkpoint, read_codes, read_block_scale, read_row_scale, epoch, is_delta, checkpoint_format,
       read_format, sr_base):
+    return None
+
+
+@torch.library.custom_op("replayssm::refresh_read_copy", mutates_args=("read_codes", "read_block_scale",
+                                                                     "read_row_scale"))
+def refresh_read_copy(checkpoint: torch.Tensor, slots: torch.Tensor, read_codes: torch.Tensor,
+                      read_block_scale: torch.Tensor, read_row_scale: torch.Tensor, is_delta: bool,
+                      read_format: int) -> None:
+    """Re-derive the read copy of ``slots [r]`` (int64, slots of the pool, no -1) from their stored
+    checkpoint ``[S, heads, A, B]`` (canonical, any strides; not written): the bytes
+    ``store_checkpoint`` writes for the same values. Read copy updated in place."""
+    _, heads, a, b = checkpoint.shape
+    _require("slots", slots, (slots.shape[0],), torch.int64)
+    rows_n, cols_n = (b, a) if is_delta else (a, b)
+    if read_format == ReadCode.CHECKPOINT:
+        raise ValueError("read_format: expected a read-copy format (fp8 or nvfp4), got the checkpoint's")
+    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, checkpoint)
+    if slots.shape[0] == 0:
+        return
+    BR = min(32, max(16, triton.next_power_of_2(rows_n)))
+    _refresh_read_copy_kernel[(triton.cdiv(rows_n, BR), heads, slots.shape[0])](
+        ckpt=checkpoint, **_strides(checkpoint, "c_s", "c_h", "c_a", "c_b"), slots=slots, codes=codes,
+        block_scale=bs, row_scale=rs, HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR, IS_DELTA=is_delta,
+        READ_FMT=read_format, num_warps=4, **_read_consts(read_format, cols_n))
+
+
+@refresh_read_copy.register_fake
+def _(checkpoint, slots, read_codes, read_block_scale, read_row_scale, is_delta, read_format):
     return None
 
 

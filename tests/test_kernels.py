@@ -208,6 +208,43 @@ def test_store_checkpoint_is_bit_exact(family, fmt):
     assert torch.equal(ref.cursors["epoch"], tri.cursors["epoch"])
 
 
+@pytest.mark.parametrize("fmt", [dict(read_format="fp8"), dict(read_format="nvfp4"),
+                                 dict(checkpoint_dtype="bfloat16", read_format="nvfp4"),
+                                 dict(checkpoint_dtype="float16_sr", read_format="fp8")],
+                         ids=["fp8", "nvfp4", "bf16-nvfp4", "fp16sr-fp8"])
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+def test_refresh_read_copy_is_bit_exact(family, fmt):
+    """A refresh after the host wrote checkpoints itself (a prefill): the kernel re-derives the same
+    read-copy bytes as the reference, from a [S, HV, V, K] checkpoint too (the hosts' layout), for
+    the refreshed slots only; the checkpoint is not written."""
+    spec = SPECS[family]
+    cfg = rs.ReplayConfig(seed=4, **fmt)
+    S, layouts = 5, ["kv", "vk"] if spec.is_delta else ["kv"]
+    gen = torch.Generator().manual_seed(8)
+    state = (torch.randn(2, S, *spec.state_shape, generator=gen)
+             * torch.logspace(-4, 3, spec.state_shape[-1])).to(cfg.torch_checkpoint_dtype)
+    ref = rs.StatePool(spec, cfg, num_layers=2, num_slots=S, device=DEVICE, backend="reference")
+    ref.checkpoint.copy_(state.to(DEVICE))
+    ref.allocated.fill_(True)                            # the host owns the slots (as SGLang's allocator does)
+    ref.refresh(torch.tensor([3, 0, 4]), layer=1)
+    for layout in layouts:
+        # the pool takes a [S, HV, V, K] tensor as the host stores it
+        ckpt = (state.transpose(-1, -2) if layout == "vk" else state).contiguous().to(DEVICE)
+        tri = rs.StatePool(spec, cfg, num_layers=2, num_slots=S, device=DEVICE, backend="triton", checkpoint=ckpt,
+                           state_layout=layout)
+        for buf in tri.read.values():
+            buf.view(torch.uint8).fill_(0xFF)
+        before = ckpt.clone()
+        tri.allocated.fill_(True)
+        tri.refresh(torch.tensor([3, -1, 0, 4], device=DEVICE), layer=1, checked=False)
+        assert torch.equal(ckpt.view(torch.uint8), before.view(torch.uint8)), layout
+        for name, buf in tri.read.items():
+            assert torch.equal(buf[1, [0, 3, 4]].view(torch.uint8), ref.read[name][1, [0, 3, 4]].view(torch.uint8)), \
+                (layout, name)
+            assert buf[1, [1, 2]].view(torch.uint8).eq(0xFF).all() and buf[0].view(torch.uint8).eq(0xFF).all(), \
+                (layout, name)
+
+
 @triton.jit
 def _decode_words_kernel(codes, bs, rs_, out, ROWS: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr,
                          NC: tl.constexpr, PW: tl.constexpr, FMT: tl.constexpr):

@@ -342,8 +342,9 @@ def test_serving_server_flags_are_sglang_0517s_and_capture_the_loads_batch_sizes
     args = bench_serving.main.__globals__["argparse"].Namespace(
         concurrency=[1, 48, 256], input_len=512, output_len=256, workload="decode", mem_fraction=0.88,
         no_prefill_graph=True, sglang_arg=[], groups=8, prompts_per_group=32, prefix_len=2048, question_len=128,
-        speculative="none", draft_tokens=4)
+        speculative="none", draft_tokens=4, server_log_level="info")
     flags = bench_serving.server_flags(tmp_path, "gdn", 30000, "no_buffer", args)
+    assert flags[flags.index("--log-level") + 1] == "info"
     i = flags.index("--cuda-graph-bs-decode")
     assert flags[i + 1:i + 11] == ["1", "2", "4", "8", "16", "32", "48", "64", "128", "256"]
     # SGLang keeps state slots per running request under the radix cache: fewer would cap the load
@@ -409,7 +410,7 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
     args = bench_serving.argparse.Namespace(
         port=1, concurrency=[1, 4], input_len=8, output_len=4, workload="decode", no_prefill_graph=False,
         mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=5, weights="sglang-dummy",
-        speculative="none")
+        speculative="none", repeat=2, server_log_level="warning")
     servers = []
 
     def launch(cmd, port, log, env):
@@ -429,8 +430,10 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
     with open(tmp_path / "log", "w") as log:
         rows = bench_serving.serve_and_measure("kimi-linear", tmp_path, "replay-nvfp4", "no_buffer", args, log,
                                                check_server.Deadline(None), emit=lambda r: emitted.append(list(r)))
-        assert [r["output_throughput"] for r in rows] == [10.0, 40.0]
-        assert [len(r) for r in emitted] == [1, 2] and servers[-1].poll() is not None
+        # every concurrency's loads in turn on the one server
+        assert [(r["concurrency"], r["load"], r["output_throughput"]) for r in rows] == [
+            (1, 1, 10.0), (1, 2, 10.0), (4, 1, 40.0), (4, 2, 40.0)]
+        assert [len(r) for r in emitted] == [1, 2, 3, 4] and servers[-1].poll() is not None
         late = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "no_buffer", args, log,
                                                check_server.Deadline(10), emit=lambda r: None)
     assert len(servers) == 1 and late[0]["error"].startswith("not started")
@@ -439,19 +442,23 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
 def test_serving_table_compares_each_load_with_sglangs(tmp_path):
     import bench_serving
 
-    def row(variant, c, tok, itl):
-        return dict(model="m", variant=variant, radix="no_buffer", workload="decode", concurrency=c,
+    def row(variant, c, tok, itl, load=1):
+        return dict(model="m", variant=variant, radix="no_buffer", workload="decode", concurrency=c, load=load,
                     output_throughput=tok, median_itl_ms=itl, p99_itl_ms=2 * itl, median_ttft_ms=50.0)
 
     path = tmp_path / "serving-m.json"
-    path.write_text(json.dumps(dict(rows=[row("sglang", 64, 3000.0, 12.0), row("replay-fp32", 64, 3600.0, 8.0),
+    path.write_text(json.dumps(dict(rows=[row("sglang", 64, 3000.0, 12.0), row("sglang", 64, 2000.0, 16.0, load=2),
+                                          row("replay-fp32", 64, 3600.0, 8.0),
+                                          row("replay-fp32", 64, 3000.0, 8.0, load=2),
                                           row("replay-fp32", 256, 4000.0, 10.0),
                                           dict(model="m", variant="replay-nvfp4", radix="no_buffer",
                                                workload="decode", error="RuntimeError: boom")])))
     lines = bench_serving.table([path]).splitlines()
-    assert lines[3] == "| m | replay-fp32 | no_buffer | 64 | 3600 | 1.20x | 8.00 / 16.00 | 1.50x | 50 |  |  |"
-    assert lines[4] == "| m | replay-fp32 | no_buffer | 256 | 4000 |  | 10.00 / 20.00 |  | 50 |  |  |"
-    assert "RuntimeError: boom" in lines[5]
+    # each load against SGLang's load of the same number on its server
+    assert lines[4] == "| m | replay-fp32 | no_buffer | 64 | 1 | 3600 | 1.20x | 8.00 / 16.00 | 1.50x | 50 |  |  |"
+    assert lines[5] == "| m | replay-fp32 | no_buffer | 64 | 2 | 3000 | 1.50x | 8.00 / 16.00 | 2.00x | 50 |  |  |"
+    assert lines[6] == "| m | replay-fp32 | no_buffer | 256 | 1 | 4000 |  | 10.00 / 20.00 |  | 50 |  |  |"
+    assert "RuntimeError: boom" in lines[7]
 
 
 def test_serving_speculative_mtp_flags_and_model_folders(tmp_path, monkeypatch):

@@ -92,7 +92,7 @@ def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str,
              "--context-length", str(args.prefix_len + args.question_len + args.output_len + 64
                                      if args.workload == "prefix" else args.input_len + args.output_len + 64),
              "--random-seed", "0", "--mamba-radix-cache-strategy", strategy,
-             "--disable-overlap-schedule", "--log-level", "warning"]
+             "--disable-overlap-schedule", "--log-level", args.server_log_level]
     if args.no_prefill_graph:
         flags += ["--disable-prefill-cuda-graph"]
     if family != "mamba2":
@@ -153,11 +153,13 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
         proc = check_server.launch(cmd, args.port, log, check_server.server_env(args))
         check_server.wait_ready(proc, args.port, deadline.left(args.start_timeout))
         print(f"{model} {variant} ({strategy}): ready in {time.time() - t0:.0f} s", flush=True)
-        for c in args.concurrency:
+        for c, load in ((c, load) for c in args.concurrency for load in range(1, args.repeat + 1)):
             if deadline.left(30) < 30:
-                rows.append(dict(base, concurrency=c, error="not run: the deadline is less than 30 s away"))
+                rows.append(dict(base, concurrency=c, load=load, error="not run: the deadline is less than 30 s away"))
                 emit(rows)
                 continue
+            log.write(f"\n===== {model} {variant} {strategy}: concurrency {c}, load {load}\n")
+            log.flush()
             with tempfile.TemporaryDirectory() as tmp:
                 out_file = pathlib.Path(tmp) / "result.jsonl"
                 t1 = time.time()
@@ -165,12 +167,12 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                                       stderr=subprocess.STDOUT, timeout=deadline.left(args.load_timeout))
                 if done.returncode != 0 or not out_file.exists():
                     raise RuntimeError(f"the client exited with {done.returncode} at concurrency {c}")
-                row = dict(base, concurrency=c, **row_from(out_file))
+                row = dict(base, concurrency=c, load=load, **row_from(out_file))
             rows.append(row)
             emit(rows)
-            print(f"{model} {variant} ({strategy}) concurrency {c}: {row.get('output_throughput', 0):.0f} tok/s, "
-                  f"ITL median {row.get('median_itl_ms', 0):.2f} ms, TTFT median {row.get('median_ttft_ms', 0):.0f} ms"
-                  f" ({time.time() - t1:.0f} s)", flush=True)
+            print(f"{model} {variant} ({strategy}) concurrency {c} load {load}: "
+                  f"{row.get('output_throughput', 0):.0f} tok/s, ITL median {row.get('median_itl_ms', 0):.2f} ms, "
+                  f"TTFT median {row.get('median_ttft_ms', 0):.0f} ms ({time.time() - t1:.0f} s)", flush=True)
     except Exception as e:                      # noqa: BLE001 - recorded; the next variant runs
         rows.append(dict(base, error=f"{type(e).__name__}: {e}"))
         emit(rows)
@@ -184,23 +186,24 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
 def table(paths: list[pathlib.Path]) -> str:
     """A markdown table of ``serving-<model>.json`` files: a row per measured load, with output
     tokens/s and median inter-token latency against SGLang conventional's (variant ``sglang``, the
-    same workload and concurrency) where that was measured."""
-    out = ["| model | variant | radix | concurrency | output tok/s | vs SGLang | ITL median / p99 ms | ITL vs SGLang "
-           "| TTFT median ms | cache hit | accept length |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    same workload, concurrency and load number on its server) where that was measured."""
+    out = ["| model | variant | radix | concurrency | load | output tok/s | vs SGLang | ITL median / p99 ms "
+           "| ITL vs SGLang | TTFT median ms | cache hit | accept length |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
         data = json.loads(path.read_text())
         ok = [r for r in data["rows"] if "output_throughput" in r]
-        base = {(r["workload"], r["concurrency"]): r for r in ok if r["variant"] == "sglang"}
+        base = {(r["workload"], r["concurrency"], r.get("load", 1)): r for r in ok if r["variant"] == "sglang"}
         for r in data["rows"]:
             if "output_throughput" not in r:
                 out.append(f"| {r['model']} | {r['variant']} | {r['radix']} | {r.get('concurrency', '')} | "
-                           f"{r['error']} | | | | | | |")
+                           f"{r.get('load', '')} | {r['error']} | | | | | | |")
                 continue
-            b = base.get((r["workload"], r["concurrency"]))
+            b = base.get((r["workload"], r["concurrency"], r.get("load", 1)))
             tok = f"{r['output_throughput'] / b['output_throughput']:.2f}x" if b and r is not b else ""
             itl = f"{b['median_itl_ms'] / r['median_itl_ms']:.2f}x" if b and r is not b else ""
             hit, accept = r.get("cache_hit_rate_pct"), r.get("accept_length")
-            out.append(f"| {r['model']} | {r['variant']} | {r['radix']} | {r['concurrency']} | "
+            out.append(f"| {r['model']} | {r['variant']} | {r['radix']} | {r['concurrency']} | {r.get('load', 1)} | "
                        f"{r['output_throughput']:.0f} | {tok} | {r['median_itl_ms']:.2f} / {r['p99_itl_ms']:.2f} | "
                        f"{itl} | {r['median_ttft_ms']:.0f} | {'' if hit is None else f'{hit:.1f} %'} | "
                        f"{'' if accept is None else f'{accept:.2f}'} |")
@@ -208,7 +211,8 @@ def table(paths: list[pathlib.Path]) -> str:
 
 
 def plot(rows_by_model: dict[str, list[dict]], path: pathlib.Path) -> None:
-    """Output tokens/s against concurrency, one panel per model, one line per (variant, radix strategy)."""
+    """Output tokens/s against concurrency, one panel per model, one line per (variant, radix strategy),
+    at each concurrency the last load on the server (a warm one with ``--repeat``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -216,12 +220,12 @@ def plot(rows_by_model: dict[str, list[dict]], path: pathlib.Path) -> None:
 
     fig, axes = plt.subplots(1, len(rows_by_model), figsize=(5 * len(rows_by_model), 4), squeeze=False)
     for ax, (model, rows) in zip(axes[0], rows_by_model.items()):
-        lines: dict[str, list] = {}
-        for r in rows:
+        lines: dict[str, dict] = {}
+        for r in rows:                          # rows are in load order: a later load replaces an earlier
             if "output_throughput" in r:
-                lines.setdefault(f"{r['variant']} ({r['radix']})", []).append((r["concurrency"], r["output_throughput"]))
-        for label, pts in lines.items():
-            pts.sort()
+                lines.setdefault(f"{r['variant']} ({r['radix']})", {})[r["concurrency"]] = r["output_throughput"]
+        for label, by_c in lines.items():
+            pts = sorted(by_c.items())
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         ax.set_xscale("log", base=2)
         ax.set_title(model)
@@ -243,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--waves", type=int, default=2, help="requests per concurrency slot")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="loads per concurrency on the same server (rows carry 'load' 1..N: the first runs the "
+                         "server's first-use work, the later ones a warm server)")
+    ap.add_argument("--server-log-level", default="warning", choices=["warning", "info", "debug"],
+                    help="the servers' --log-level; info logs each prefill batch and replayssm's first launch of each "
+                         "kernel variant to servers.log")
     ap.add_argument("--radix-strategies", nargs="+", default=["no_buffer"], choices=["no_buffer", "extra_buffer"])
     ap.add_argument("--speculative", choices=["none", "mtp"], default="none",
                     help="mtp: speculative decoding with the model's MTP layer as the draft (NEXTN, a chain of "
@@ -272,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         print(table(args.table))
         return 0
+    if args.repeat < 1:
+        ap.error(f"--repeat: expected a positive count, got {args.repeat}")
     if min(args.concurrency) < 1:
         ap.error(f"--concurrency: expected positive counts, got {args.concurrency}")
     if args.speculative == "mtp":

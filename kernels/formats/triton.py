@@ -355,3 +355,28 @@ def _store_checkpoint_kernel(
         head = (slot * HEADS + h) * ROWS
         store_read_copy(codes + head * RC_CW, block_scale + head * (COLS // 16), row_scale + head,
                         stored.to(tl.float32), rows, rmask, READ_FMT, RC_EMAX, BR, COLS, RC_CW)
+
+
+@triton.jit
+def _refresh_read_copy_kernel(
+    ckpt, c_s, c_h, c_a, c_b,                  # [S, heads, A, B] checkpoint of one layer (any strides)
+    slots,                                     # [r] int64, slots of the pool
+    codes, block_scale, row_scale,             # read copy of one layer, contiguous [S, heads, rows, ...]
+    HEADS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, BR: tl.constexpr,
+    IS_DELTA: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
+):
+    # program (row tile, head, slot): BR read rows of one (slot, head), re-encoded from the stored
+    # checkpoint; read layout [rows, cols] as in _store_checkpoint_kernel
+    pid_r, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(slots + i)
+    rows = pid_r * BR + tl.arange(0, BR)
+    cols = tl.arange(0, COLS)
+    rmask = rows < ROWS
+    if IS_DELTA:
+        off_a, off_b = cols[None, :], rows[:, None]       # a = k (col), b = v (row)
+    else:
+        off_a, off_b = rows[:, None], cols[None, :]       # a = p (row), b = n (col)
+    x = tl.load(ckpt + slot * c_s + h * c_h + off_a * c_a + off_b * c_b, mask=rmask[:, None], other=0.0)
+    head = (slot * HEADS + h) * ROWS
+    store_read_copy(codes + head * RC_CW, block_scale + head * (COLS // 16), row_scale + head, x.to(tl.float32),
+                    rows, rmask, READ_FMT, RC_EMAX, BR, COLS, RC_CW)

@@ -1,0 +1,124 @@
+"""What a prefill costs a replay pool: the slot events a host's extend puts on one layer, at model dims.
+
+    python benchmarks/bench_events.py [--models nemotron-h qwen3.5 kimi-linear] [--rows 1 8 32 64] [--json OUT]
+
+An extend (a prefill chunk; in SGLang ``MambaMixer2.forward`` or a GDN / KDA backend's
+``forward_extend``) flushes its rows before it reads their state (``extend start``: fresh requests'
+rings are empty) and refreshes them after it wrote their state (``extend end``: rings emptied,
+read copy re-derived from the checkpoint). Per (model, read format, rows), on the checkpoint layout
+the hosts bind (Mamba-2 ``[S, H, P, N]``, GDN / KDA ``[S, HV, V, K]``), eager as a prefill runs them:
+
+- ``flush``: ``StatePool.flush(checked=False)`` of rows whose rings are empty;
+- ``refresh``: ``StatePool.refresh(checked=False)``, the Triton backend;
+- ``refresh (PyTorch)``: the same refresh through the reference backend's PyTorch code on the same
+  buffers (the peer: what a refresh costs without its kernel);
+- ``first flush`` / ``first refresh``: the first call's wall time in this process, compiles included
+  (the script runs on an empty Triton cache unless ``--keep-cache``);
+- ``floor``: one read of the rows' checkpoint bytes (``floors.read_floor``).
+
+Times are medians of ``triton.testing.do_bench`` (milliseconds, launches included: a prefill runs
+them outside CUDA graphs). GB/s counts the checkpoint bytes read and the read-copy bytes written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["nemotron-h", "qwen3.5", "kimi-linear"])
+    ap.add_argument("--formats", nargs="+", default=["checkpoint", "nvfp4"], choices=["checkpoint", "fp8", "nvfp4"])
+    ap.add_argument("--rows", nargs="+", type=int, default=[1, 8, 32, 64])
+    ap.add_argument("--keep-cache", action="store_true", help="use the Triton cache as it is (first calls may "
+                                                                 "then find their kernels compiled)")
+    ap.add_argument("--json", default=None, help="write the rows (and the run's versions) here")
+    args = ap.parse_args(argv)
+    if min(args.rows) < 1:
+        ap.error(f"--rows: expected positive counts, got {args.rows}")
+    if not args.keep_cache:
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="replayssm-events-cache-")
+
+    import torch
+    import triton
+    from triton.testing import do_bench
+
+    import replayssm as rs
+    from floors import read_floor
+    from replayssm.kernels import backend_reference
+    from shapes import MODEL_SPECS, WINDOW
+
+    unknown = [m for m in args.models if m not in MODEL_SPECS]
+    if unknown:
+        ap.error(f"--models: expected names of {sorted(MODEL_SPECS)}, got {unknown}")
+    dev = "cuda"
+    rows_out = []
+
+    def first_call(fn) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+
+    print(f"{'model':12s} {'read':10s} {'rows':>4s} {'first flush':>12s} {'flush':>8s} {'first refresh':>14s} "
+          f"{'refresh':>8s} {'GB/s':>7s} {'PyTorch':>8s} {'floor':>7s}   (ms)", flush=True)
+    for name in args.models:
+        spec = MODEL_SPECS[name]
+        layout = "vk" if spec.is_delta else "kv"
+        for fmt in args.formats:
+            cfg = rs.ReplayConfig(window=WINDOW, read_format=fmt, ring_dtype="bfloat16")
+            for n in args.rows:
+                S = 2 * n
+                shape = (1, S, *spec.state_shape[:-2], *spec.state_shape[-2:][::-1]) if layout == "vk" else \
+                    (1, S, *spec.state_shape)
+                gen = torch.Generator(device=dev).manual_seed(n)
+                ckpt = torch.randn(shape, device=dev, generator=gen) * 0.1   # as a prefill wrote it
+                pool = rs.StatePool(spec, cfg, num_layers=1, num_slots=S, device=dev, backend="triton",
+                                    checkpoint=ckpt, state_layout=layout)
+                pool.allocated.fill_(True)
+                if spec.family == "mamba2":   # a layer that has stepped (a flush folds with its A)
+                    pool.layer_A[0] = -torch.rand(spec.num_heads, device=dev, generator=gen) - 0.5
+                slots = torch.randperm(S, device=dev, generator=gen)[:n]
+                flush = lambda: pool.flush(slots, layer=0, checked=False)          # noqa: E731
+                refresh = lambda: pool.refresh(slots, layer=0, checked=False)      # noqa: E731
+                first_refresh = first_call(refresh)
+                first_flush = first_call(flush)
+                t_flush = do_bench(flush, warmup=10, rep=100, return_mode="median")
+                t_refresh = do_bench(refresh, warmup=10, rep=100, return_mode="median")
+                state_bytes = n * spec.state_numel * 4
+                read_bytes = n * sum(b[0, 0].numel() * b.element_size() for b in pool.read.values())
+                t_torch = None
+                if pool.read:
+                    t_torch = do_bench(lambda: backend_reference.refresh(pool, 0, slots), warmup=10, rep=100,
+                                       return_mode="median")
+                flat = torch.empty(n * spec.state_numel, device=dev)
+                t_floor = do_bench(read_floor(flat), warmup=10, rep=100, return_mode="median")
+                row = dict(model=name, read_format=fmt, layout=layout, rows=n, first_flush_ms=first_flush,
+                           flush_ms=t_flush, first_refresh_ms=first_refresh, refresh_ms=t_refresh,
+                           refresh_gbps=(state_bytes + read_bytes) / t_refresh / 1e6,
+                           refresh_pytorch_ms=t_torch, floor_ms=t_floor)
+                rows_out.append(row)
+                print(f"{name:12s} {fmt:10s} {n:4d} {first_flush:12.1f} {t_flush:8.3f} {first_refresh:14.1f} "
+                      f"{t_refresh:8.3f} {row['refresh_gbps']:7.0f} "
+                      f"{'' if t_torch is None else f'{t_torch:8.3f}':>8s} {t_floor:7.3f}", flush=True)
+    if args.json:
+        import importlib.metadata as md
+        meta = dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                    triton=triton.__version__, replayssm=md.version("replayssm"),
+                    commit=os.environ.get("REPLAYSSM_COMMIT", "unknown"), window=WINDOW)
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, rows=rows_out), f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
