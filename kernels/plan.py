@@ -63,7 +63,8 @@ def passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dic
     if family == "mamba2":
         flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
     else:   # `kl` counts fp32 channels: a 16-bit checkpoint's runs take as many bytes, twice the channels
-        flush = dict(flush, KL=min(flush.get("kl", 0) * (1 if const["CKPT_FMT"] == CkptCode.FP32 else 2), cols))
+        flush = dict(flush, KL=min(flush.get("kl", 0) * (1 if const["CKPT_FMT"] == CkptCode.FP32 else 2), cols),
+                     ROWS_FROM_BLOCKS=flush.get("rows_from_blocks", False))
     if T == 0:                                                        # flush-only: the flush pass alone
         plan = []
     elif T > 1:
@@ -94,7 +95,7 @@ def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
         extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
                                          ("STAGES", "stages"), ("FST", "FST"), ("DOT", "dot"), ("ACC", "acc"),
                                          ("FOLD", "FOLD"), ("NF", "NF"), ("RP", "RP"), ("RB", "RB"),
-                                         ("KL", "KL")) if t in tile}
+                                         ("KL", "KL"), ("ROWS_FROM_BLOCKS", "ROWS_FROM_BLOCKS")) if t in tile}
         out.append((kernel, block, tile["RP"] if flush_pass else "n", {**const, **extra}, tile["num_warps"],
                     flush_pass))
     return out

@@ -50,7 +50,7 @@ def _delta_flush_kernel(
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, HAS_QS: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr, RP: tl.constexpr,
-    RB: tl.constexpr, KL: tl.constexpr,
+    RB: tl.constexpr, KL: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr,
 ):
     """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
 
@@ -68,7 +68,9 @@ def _delta_flush_kernel(
 
     ``KL`` > 0 (a checkpoint whose key channels are contiguous, ``[S, HV, V, K]``): the checkpoint
     tile moves as runs of ``KL`` key channels (:func:`load_ckpt_tile`), so that a reduction over K,
-    one per replayed entry, stays mostly within a thread instead of crossing all of a warp's lanes."""
+    one per replayed entry, stays mostly within a thread instead of crossing all of a warp's lanes.
+    ``ROWS_FROM_BLOCKS``: the read copy's encode as :func:`store_read_copy` says (the tile's lanes
+    along K, as a ``[S, HV, V, K]`` checkpoint loads)."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
     # a verify of T > 1 tokens on the checkpoint: the verify kernel has evaluated and appended every row's
     # tokens (T = 1 verifies run the decode kernel, which leaves flush rows to this pass)
@@ -155,7 +157,7 @@ def _delta_flush_kernel(
             store_ckpt_tile(ck, c_k, c_v, stored, pid_v * BV, V, K, BV, KL)
             if READ_FMT != READ_CHECKPOINT:
                 store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head,
-                                tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, RC_EMAX, BV, K, RC_CW)
+                                tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, RC_EMAX, BV, K, RC_CW, ROWS_FROM_BLOCKS)
             if not (COMMITTED or EVALUATED):
                 # a verify's tokens, evaluated from the folded state S (exact): the window is the T tokens
                 wmask = e < T

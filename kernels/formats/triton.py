@@ -281,10 +281,18 @@ def word_element(factors, w: tl.constexpr, PW: tl.constexpr):
 
 @triton.jit
 def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.constexpr, EMAX: tl.constexpr,
-                    R: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr):
+                    R: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr):
     """Encode whole rows ``x [R, COLS]`` fp32 and store them as rows ``rows`` of a (slot, head) read
-    copy; pointers as in :func:`load_read_copy` with ``CODE_STRIDE = CW``, ``BS_STRIDE = COLS / 16``."""
-    amax = tl.max(tl.abs(x), axis=1)
+    copy; pointers as in :func:`load_read_copy` with ``CODE_STRIDE = CW``, ``BS_STRIDE = COLS / 16``.
+
+    ``ROWS_FROM_BLOCKS``: the rows' maxima are taken over their block maxima (the same values), so
+    that the scale arithmetic runs in the block maxima's layout; where the tile's lanes lie along the
+    columns (a ``[V, K]`` tile of a ``[S, HV, V, K]`` checkpoint) it otherwise runs in the tile's,
+    every block's division repeated in each lane of its row."""
+    if ROWS_FROM_BLOCKS:
+        amax = tl.max(tl.max(tl.abs(tl.reshape(x, (R, COLS // 16, 16))), axis=2), axis=1)
+    else:
+        amax = tl.max(tl.abs(x), axis=1)
     store_read_rows_scale(rs_ptr, amax, rows, row_mask, EMAX)
     store_read_chunk(codes_ptr, bs_ptr, x, amax, rows, row_mask, 0, FMT, EMAX, R, COLS, COLS, CW)
 
@@ -354,7 +362,7 @@ def _store_checkpoint_kernel(
     if READ_FMT != READ_CHECKPOINT:
         head = (slot * HEADS + h) * ROWS
         store_read_copy(codes + head * RC_CW, block_scale + head * (COLS // 16), row_scale + head,
-                        stored.to(tl.float32), rows, rmask, READ_FMT, RC_EMAX, BR, COLS, RC_CW)
+                        stored.to(tl.float32), rows, rmask, READ_FMT, RC_EMAX, BR, COLS, RC_CW, False)
 
 
 @triton.jit
@@ -379,4 +387,4 @@ def _refresh_read_copy_kernel(
     x = tl.load(ckpt + slot * c_s + h * c_h + off_a * c_a + off_b * c_b, mask=rmask[:, None], other=0.0)
     head = (slot * HEADS + h) * ROWS
     store_read_copy(codes + head * RC_CW, block_scale + head * (COLS // 16), row_scale + head, x.to(tl.float32),
-                    rows, rmask, READ_FMT, RC_EMAX, BR, COLS, RC_CW)
+                    rows, rmask, READ_FMT, RC_EMAX, BR, COLS, RC_CW, False)
