@@ -92,7 +92,7 @@ class StatePool:
         return view
 
     def cpu_slots(self, slots) -> torch.Tensor:
-        """Validated ``slots`` (int ``[n]`` on the pool's device or the CPU: distinct, allocated or -1)
+        """Validated ``slots`` (int64 ``[n]`` on the pool's device: distinct, allocated or -1)
         as an int64 CPU tensor ``[n]``; ValueError otherwise. Reads the slots on the host."""
         return check_slots(slots, self.num_slots, self.allocated, self.device)
 

@@ -226,7 +226,7 @@ def test_refresh_read_copy_is_bit_exact(family, fmt):
     ref = rs.StatePool(spec, cfg, num_layers=2, num_slots=S, device=DEVICE, backend="reference")
     ref.checkpoint.copy_(state.to(DEVICE))
     ref.allocated.fill_(True)                            # the host owns the slots (as SGLang's allocator does)
-    ref.refresh(torch.tensor([3, 0, 4]), layer=1)
+    ref.refresh(torch.tensor([3, 0, 4], device=DEVICE), layer=1)
     for layout in layouts:
         # the pool takes a [S, HV, V, K] tensor as the host stores it
         ckpt = (state.transpose(-1, -2) if layout == "vk" else state).contiguous().to(DEVICE)
