@@ -17,7 +17,8 @@ the hosts bind (Mamba-2 ``[S, H, P, N]``, GDN / KDA ``[S, HV, V, K]``), eager as
 - ``floor``: one read of the rows' checkpoint bytes (``floors.read_floor``).
 
 Times are medians of ``triton.testing.do_bench`` (milliseconds, launches included: a prefill runs
-them outside CUDA graphs). GB/s counts the checkpoint bytes read and the read-copy bytes written.
+them outside CUDA graphs). GB/s counts the checkpoint bytes read and the read-copy bytes written
+(none without a read copy: the refresh then only empties the rings).
 """
 
 from __future__ import annotations
@@ -101,13 +102,14 @@ def main(argv: list[str] | None = None) -> int:
                                        return_mode="median")
                 flat = torch.empty(n * spec.state_numel, device=dev)
                 t_floor = do_bench(read_floor(flat), warmup=10, rep=100, return_mode="median")
+                # without a read copy a refresh moves no state bytes (it empties the rings)
+                gbps = (state_bytes + read_bytes) / t_refresh / 1e6 if pool.read else None
                 row = dict(model=name, read_format=fmt, layout=layout, rows=n, first_flush_ms=first_flush,
                            flush_ms=t_flush, first_refresh_ms=first_refresh, refresh_ms=t_refresh,
-                           refresh_gbps=(state_bytes + read_bytes) / t_refresh / 1e6,
-                           refresh_pytorch_ms=t_torch, floor_ms=t_floor)
+                           refresh_gbps=gbps, refresh_pytorch_ms=t_torch, floor_ms=t_floor)
                 rows_out.append(row)
                 print(f"{name:12s} {fmt:10s} {n:4d} {first_flush:12.1f} {t_flush:8.3f} {first_refresh:14.1f} "
-                      f"{t_refresh:8.3f} {row['refresh_gbps']:7.0f} "
+                      f"{t_refresh:8.3f} {'' if gbps is None else f'{gbps:7.0f}':>7s} "
                       f"{'' if t_torch is None else f'{t_torch:8.3f}':>8s} {t_floor:7.3f}", flush=True)
     if args.json:
         import importlib.metadata as md
