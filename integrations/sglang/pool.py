@@ -40,6 +40,7 @@ import weakref
 import torch
 
 from replayssm import LayerSpec, ReplayConfig, StatePool
+from replayssm.graphs import VerbGraphs
 from replayssm.pool import side_bytes_per_slot
 
 from . import versions
@@ -107,6 +108,8 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
 
         Attributes:
             replay: the ``StatePool`` over ``mamba_cache.temporal`` (``num_slots = size + 1``).
+            replay_graphs: ``VerbGraphs`` of ``replay``: the unchecked slot events replay from CUDA
+                graphs (SGLang issues most of them one request at a time, over every layer).
         """
 
         replay_cfg = cfg
@@ -144,25 +147,27 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
                                     num_slots=temporal.shape[1], device=temporal.device, backend=backend,
                                     checkpoint=temporal, state_layout="vk")
             self.replay.allocated.fill_(True)  # SGLang's MambaSlotAllocator owns the slots
+            self.replay_graphs = VerbGraphs(self.replay)
             for layer in range(temporal.shape[0]):
                 _BY_STATE[_key(temporal[layer])] = (weakref.ref(self), layer)
 
         def clear_slots(self, indices: torch.Tensor):
             super().clear_slots(indices)
-            on_event("clear", self.replay, indices)
+            on_event("clear", self, indices)
 
         def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
-            on_event("copy source", self.replay, src_indices.unique())
+            # a radix insert copies one request's slot: one source, nothing to deduplicate
+            on_event("copy source", self, src_indices if src_indices.numel() == 1 else src_indices.unique())
             super().copy_from(src_indices, dst_indices)
-            on_event("copy destination", self.replay, dst_indices)
+            on_event("copy destination", self, dst_indices)
 
         def get_cpu_copy(self, indices):
-            on_event("cpu copy", self.replay, indices.unique())
+            on_event("cpu copy", self, indices.unique())
             return super().get_cpu_copy(indices)
 
         def load_cpu_copy(self, mamba_cache_cpu, indices):
             super().load_cpu_copy(mamba_cache_cpu, indices)
-            on_event("cpu load", self.replay, indices)
+            on_event("cpu load", self, indices)
 
     return ReplayMambaPool
 
@@ -247,16 +252,21 @@ def replay_slots(pool: StatePool, indices: torch.Tensor) -> torch.Tensor:
     return indices.to(device=pool.device, dtype=torch.int64)
 
 
-def on_event(event: str, replay: StatePool | None, indices: torch.Tensor | None, layer: int | None = None, *,
+def on_event(event: str, owner, indices: torch.Tensor | None, layer: int | None = None, *,
              verified: bool | None = None) -> None:
-    """SGLang's slot ``event`` (an ``EVENTS`` key) on ``replay``: its verb (``StatePool.flush`` or
-    ``refresh``) on SGLang slot ``indices`` (int32/int64 ``[n]``, distinct), in ``layer`` or every
-    layer, in place. ``verified``: the verb's ``checked``; None: ``checked(replay)`` (unchecked on
-    the Triton backend). Nothing happens for ``replay`` None (not a replay pool) or no ``indices``."""
-    verb = getattr(StatePool, EVENTS[event])
-    if replay is not None and indices is not None:
-        verb(replay, replay_slots(replay, indices), layer=layer,
-             checked=checked(replay) if verified is None else verified)
+    """SGLang's slot ``event`` (an ``EVENTS`` key) on ``owner`` (a ``ReplayMambaPool``): its verb
+    (``StatePool.flush`` or ``refresh``) on SGLang slot ``indices`` (int32/int64 ``[n]``, distinct),
+    in ``layer`` or every layer, in place. ``verified``: the verb's ``checked``; None:
+    ``checked(owner.replay)`` (unchecked on the Triton backend, where the verb replays from the pool's
+    ``replay_graphs``). Nothing happens for ``owner`` None (not a replay pool) or no ``indices``."""
+    if owner is None or indices is None:
+        return
+    replay, verb = owner.replay, EVENTS[event]
+    slots = replay_slots(replay, indices)
+    if checked(replay) if verified is None else verified:
+        getattr(StatePool, verb)(replay, slots, layer=layer, checked=True)
+    else:
+        owner.replay_graphs(verb, slots, layer)
 
 
 def on_state(event: str, ssm_state: torch.Tensor, indices: torch.Tensor) -> None:
@@ -264,13 +274,13 @@ def on_state(event: str, ssm_state: torch.Tensor, indices: torch.Tensor) -> None
     ``ReplayMambaPool``'s ``temporal``: ``lookup``); a state of no replay pool is left alone."""
     found = lookup(ssm_state)
     if found is not None:
-        on_event(event, found[0].replay, indices, found[1])
+        on_event(event, found[0], indices, found[1])
 
 
 def on_pool(event: str, mamba_pool, indices: torch.Tensor | None) -> None:
     """``on_event`` in every layer of ``mamba_pool`` (SGLang's mamba pool); no-op unless it is a
     ``ReplayMambaPool``."""
-    on_event(event, getattr(mamba_pool, "replay", None), indices)
+    on_event(event, mamba_pool if hasattr(mamba_pool, "replay") else None, indices)
 
 
 def checked(pool: StatePool) -> bool:
@@ -319,9 +329,9 @@ def track_copy(copy, conv_states, ssm_states, cache_indices, mamba_track_mask, m
                     **kwargs)
     owner, layer = found
     mask = mamba_track_mask[:batch_size].to(device="cpu", dtype=torch.bool)
-    on_event("track source", owner.replay, cache_indices[:batch_size].cpu()[mask], layer, verified=True)
+    on_event("track source", owner, cache_indices[:batch_size].cpu()[mask], layer, verified=True)
     result = copy(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size, **kwargs)
-    on_event("track destination", owner.replay, mamba_track_indices[:batch_size].cpu()[mask], layer, verified=True)
+    on_event("track destination", owner, mamba_track_indices[:batch_size].cpu()[mask], layer, verified=True)
     return result
 
 
