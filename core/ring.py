@@ -90,6 +90,9 @@ def empty(cursors: dict[str, torch.Tensor], layer: int | None, slots: torch.Tens
     idx = row_index(slots, cursors["count"].shape[1] - 1)
     sel = (slice(None), idx) if layer is None else (layer, idx)
     for f in ("count", "origin", "pending"):
-        cursors[f][sel] = 0
+        # index_fill_ takes its value on the device side, where `[sel] = 0` copies a host scalar (which a
+        # CUDA graph cannot record)
+        rows = cursors[f] if layer is None else cursors[f][layer:layer + 1]
+        rows.index_fill_(1, idx.to(rows.device), 0)
     if wrote_checkpoint:
         cursors["epoch"][sel] = cursors["epoch"][sel] + 1
