@@ -16,6 +16,11 @@ the hosts bind (Mamba-2 ``[S, H, P, N]``, GDN / KDA ``[S, HV, V, K]``), eager as
   (the script runs on an empty Triton cache unless ``--keep-cache``);
 - ``floor``: one read of the rows' checkpoint bytes (``floors.read_floor``).
 
+``--pool-layers L`` adds the events a host issues one request at a time over every layer (SGLang's
+radix insert after a prefill copies each request's slot: a flush of the source and a refresh of
+the copy; a finished request's slot is flushed): one slot's flush and refresh over ``L`` layers,
+eager and through ``VerbGraphs`` (one CUDA graph replay per event).
+
 Times are medians of ``triton.testing.do_bench`` (milliseconds, launches included: a prefill runs
 them outside CUDA graphs). GB/s counts the checkpoint bytes read and the read-copy bytes written
 (none without a read copy: the refresh then only empties the rings).
@@ -40,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 8, 32, 64])
     ap.add_argument("--keep-cache", action="store_true", help="use the Triton cache as it is (first calls may "
                                                                  "then find their kernels compiled)")
+    ap.add_argument("--pool-layers", type=int, default=0,
+                    help="also time one slot's flush and refresh over this many layers, eager and through VerbGraphs")
     ap.add_argument("--json", default=None, help="write the rows (and the run's versions) here")
     args = ap.parse_args(argv)
     if min(args.rows) < 1:
@@ -111,15 +118,57 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:12s} {fmt:10s} {n:4d} {first_flush:12.1f} {t_flush:8.3f} {first_refresh:14.1f} "
                       f"{t_refresh:8.3f} {'' if gbps is None else f'{gbps:7.0f}':>7s} "
                       f"{'' if t_torch is None else f'{t_torch:8.3f}':>8s} {t_floor:7.3f}", flush=True)
+    pool_rows = pool_events(args, dev) if args.pool_layers > 0 else []
     if args.json:
         import importlib.metadata as md
         meta = dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                     triton=triton.__version__, replayssm=md.version("replayssm"),
                     commit=os.environ.get("REPLAYSSM_COMMIT", "unknown"), window=WINDOW)
         with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows_out), f, indent=1)
+            json.dump(dict(meta=meta, rows=rows_out, pool_events=pool_rows), f, indent=1)
             f.write("\n")
     return 0
+
+
+def pool_events(args, dev: str) -> list[dict]:
+    """One slot's flush and refresh over ``args.pool_layers`` layers with entries in its rings,
+    eager and through ``VerbGraphs``; ms per event (medians of ``do_bench``)."""
+    import torch
+    from triton.testing import do_bench
+
+    import replayssm as rs
+    from replayssm.graphs import VerbGraphs
+    from shapes import MODEL_SPECS, WINDOW
+
+    out = []
+    print(f"\n{'model':12s} {'read':10s} {'layers':>6s} {'flush':>8s} {'graphed':>8s} {'refresh':>8s} "
+          f"{'graphed':>8s}   (ms per event, one slot)", flush=True)
+    for name in args.models:
+        spec = MODEL_SPECS[name]
+        layout = "vk" if spec.is_delta else "kv"
+        for fmt in args.formats:
+            cfg = rs.ReplayConfig(window=WINDOW, read_format=fmt, ring_dtype="bfloat16")
+            L, S = args.pool_layers, 8
+            shape = (L, S, *spec.state_shape[:-2], *spec.state_shape[-2:][::-1]) if layout == "vk" else \
+                (L, S, *spec.state_shape)
+            gen = torch.Generator(device=dev).manual_seed(L)
+            pool = rs.StatePool(spec, cfg, num_layers=L, num_slots=S, device=dev, backend="triton",
+                                checkpoint=torch.randn(shape, device=dev, generator=gen) * 0.1, state_layout=layout)
+            pool.allocated.fill_(True)
+            if spec.family == "mamba2":
+                for layer in range(L):
+                    pool.layer_A[layer] = -torch.rand(spec.num_heads, device=dev, generator=gen) - 0.5
+            graphs = VerbGraphs(pool)
+            slot = torch.tensor([3], device=dev)
+            t = {}
+            for verb in ("flush", "refresh"):
+                t[verb] = do_bench(lambda: getattr(pool, verb)(slot, checked=False), warmup=10, rep=100,
+                                   return_mode="median")
+                t[verb + "_graphed"] = do_bench(lambda: graphs(verb, slot), warmup=10, rep=100, return_mode="median")
+            out.append(dict(model=name, read_format=fmt, layout=layout, layers=L, **{k + "_ms": v for k, v in t.items()}))
+            print(f"{name:12s} {fmt:10s} {L:6d} {t['flush']:8.3f} {t['flush_graphed']:8.3f} {t['refresh']:8.3f} "
+                  f"{t['refresh_graphed']:8.3f}", flush=True)
+    return out
 
 
 if __name__ == "__main__":
