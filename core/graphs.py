@@ -13,13 +13,15 @@ CUDA graph and replays it: one launch per event, with the same results as the ve
 - A Mamba-2 flush folds with the layer's ``A`` (``pool.layer_A``), which the graph reads by
   address: a key is recorded again whenever an ``A`` tensor has changed since.
 - Eager where a graph cannot serve: a pool off CUDA or on a backend without unchecked verbs, more
-  rows than ``max_rows``, and a call inside another capture (the verb then joins that graph).
+  rows than ``max_rows``, and a call inside another capture (the verb then joins that graph); and
+  everywhere with ``REPLAYSSM_VERB_GRAPHS=0`` in the environment.
 
 Graphs of one stream share one memory pool (they hold only temporaries, and run in stream order).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +45,7 @@ class VerbGraphs:
         pool: the StatePool (its buffers are the graphs' and must not be reallocated).
         max_rows: the largest rows bucket recorded; larger calls run eagerly.
     Attributes:
+        enabled: whether calls may replay graphs (see the module docs).
         replays: calls served by a graph replay (a count; recorded calls are not included).
     """
 
@@ -54,7 +57,8 @@ class VerbGraphs:
         self.pool, self.max_rows, self.replays = pool, max_rows, 0
         self._recorded: dict[tuple, _Recorded] = {}
         self._mempools: dict[int, tuple] = {}
-        self.enabled = pool.device.type == "cuda" and pool.backend_ops.supports_unchecked
+        self.enabled = (pool.device.type == "cuda" and pool.backend_ops.supports_unchecked
+                        and os.environ.get("REPLAYSSM_VERB_GRAPHS", "1") != "0")
 
     def __call__(self, verb: str, slots: torch.Tensor, layer: int | None = None) -> None:
         """``getattr(pool, verb)(slots, layer=layer, checked=False)``: ``slots`` int64 ``[n]`` on the
