@@ -139,25 +139,51 @@ class StatePool:
         self.copy(slots, child)
         return child
 
-    def copy(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+    def copy(self, src: torch.Tensor, dst: torch.Tensor, *, checked: bool = True, checkpoint: bool = True) -> None:
         """Make allocated slots ``dst`` copies of ``src`` (checkpoint, read copy, ring, cursors and an
-        uncommitted verify, every layer), row by row; ``src`` is unchanged.
+        uncommitted verify, every layer), row by row, in place; ``src`` is unchanged.
+
+        The ring travels with the copy, so a copy needs no flush: ``dst`` holds the same state as
+        ``src`` (the same checkpoint bytes and the same ring entries behind the same cursors).
 
         Args:
-            src, dst: int ``[n]`` distinct slots each, no padded rows; ``dst`` disjoint from ``src``.
+            src, dst: int64 ``[n]`` slots on the pool's device, no padded rows; ``dst`` distinct and
+                disjoint from ``src``; a source may repeat (one slot copied into several).
+            checked: False (triton backend) reads nothing on the host, for hosts that copy slots
+                between steps captured in CUDA graphs: ``src`` / ``dst`` must then be in range and
+                obey the rules above, which is not checked, and the host record of uncommitted
+                verifies is left alone (as ``commit(checked=False)`` does).
+            checkpoint: False leaves the checkpoint to the caller (a host that copies its own state
+                tensor, which the pool wraps, itself).
         """
-        src_cpu, dst_cpu = self.cpu_slots(src), self.cpu_slots(dst)
-        if src_cpu.numel() != dst_cpu.numel():
-            raise ValueError(f"dst: expected as many slots as src ({src_cpu.numel()}), got {dst_cpu.numel()}")
-        if (src_cpu < 0).any() or (dst_cpu < 0).any():
-            raise ValueError("src, dst: copy takes no padded rows (-1)")
-        if bool(torch.isin(dst_cpu, src_cpu).any()):
-            raise ValueError("dst: expected slots none of which is in src")
-        s, d = src_cpu.to(self.device), dst_cpu.to(self.device)
-        self.checkpoint[:, d] = self.checkpoint[:, s]
+        if not checked:
+            self.require_unchecked()
+            for name, t in (("src", src), ("dst", dst)):
+                if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or t.device != self.device:
+                    got = f"{t.dtype} {list(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+                    raise ValueError(f"{name}: expected an int64 tensor of shape [n] on {self.device}, got {got}")
+            if src.numel() != dst.numel():
+                raise ValueError(f"dst: expected as many slots as src ({src.numel()}), got {dst.numel()}")
+            s, d = src, dst
+        else:
+            check_slot_tensor(src, self.device)
+            src_cpu, dst_cpu = src.cpu(), self.cpu_slots(dst)
+            if src_cpu.numel() != dst_cpu.numel():
+                raise ValueError(f"dst: expected as many slots as src ({src_cpu.numel()}), got {dst_cpu.numel()}")
+            if (src_cpu < 0).any() or (dst_cpu < 0).any():
+                raise ValueError("src, dst: copy takes no padded rows (-1)")
+            self.cpu_slots(src_cpu.unique().to(self.device))       # in range and allocated
+            if bool(torch.isin(dst_cpu, src_cpu).any()):
+                raise ValueError("dst: expected slots none of which is in src")
+            s, d = src_cpu.to(self.device), dst_cpu.to(self.device)
+            self.pending[:, dst_cpu] = self.pending[:, src_cpu]
+        if s.numel() == 0:
+            return
+        if checkpoint:
+            self.checkpoint[:, d] = self.checkpoint[:, s]
         for buf in (*self.read.values(), *self.ring.values(), *self.cursors.values()):
-            buf[:, d] = buf[:, s]
-        self.pending[:, dst_cpu] = self.pending[:, src_cpu]
+            raw = buf.view(torch.uint8) if buf.element_size() == 1 else buf   # fp8: copied as bytes
+            raw.index_copy_(1, d, raw.index_select(1, s))
 
     def write_state(self, layer: int, slots: torch.Tensor, state: torch.Tensor) -> None:
         """Set the checkpoint of ``slots`` to ``state`` (fp32, canonical layout) and empty the ring."""

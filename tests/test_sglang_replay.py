@@ -486,13 +486,29 @@ def test_slot_events_follow_sglang_clear_copy_and_host_copy(replay_on):
     run.prefill(torch.cat((a, c)))
     for _ in range(3):
         run.decode(torch.cat((a, c)))                        # count 3: the ring holds tokens
-    want = [run.oracle[layer, a.item()] for layer in range(len(LAYERS))]
+    ring_a = {name: buf[:, a].clone() for name, buf in mp.replay.ring.items()}
     mp.copy_from(a, b)                                       # COW / no_buffer copy for the tree
+    run.twin.copy(a, b)
     for layer in range(len(LAYERS)):
-        assert rms_ratio(mp.mamba_cache.temporal[layer, b.item()], want[layer]) < TOL["float32"]
-        assert rms_ratio(mp.mamba_cache.temporal[layer, a.item()], want[layer]) < TOL["float32"]
-    assert mp.replay.cursors["count"][:, torch.cat((a, b))].eq(0).all()
-    _assert_read_copy_is_encoded_checkpoint(mp, torch.cat((a, b)))
+        run.oracle[layer, b.item()] = run.oracle[layer, a.item()].clone()
+    for name, buf in mp.replay.ring.items():                 # the ring travels; the source keeps its own
+        assert torch.equal(buf[:, b], ring_a[name]) and torch.equal(buf[:, a], ring_a[name]), name
+    for name, cur in mp.replay.cursors.items():
+        assert torch.equal(cur[:, b], cur[:, a]), name
+    assert mp.replay.cursors["count"][:, torch.cat((a, b))].eq(3).all()
+    assert torch.equal(mp.mamba_cache.temporal[:, b], mp.mamba_cache.temporal[:, a])
+    for name, buf in mp.replay.read.items():
+        assert torch.equal(buf[:, b].view(torch.uint8), buf[:, a].view(torch.uint8)), name
+    for layer in range(len(LAYERS)):
+        assert rms_ratio(mp.replay.read_state(layer, b), run.oracle[layer, b.item()]) < TOL["float32"]
+    for _ in range(3):                                       # both go on from the copied state (a flush in between)
+        assert run.decode(torch.cat((a, b))) < TOL["fp8"]
+    assert run.state_error(torch.cat((a, b))) < TOL["float32"]
+    run.assert_ring_matches_twin()
+    d = run.req_pool.mamba_allocator.alloc(2)                # one source into two slots at once (COW hits)
+    mp.copy_from(a.repeat(2), d)
+    for name, buf in mp.replay.ring.items():
+        assert torch.equal(buf[:, d[0]], buf[:, a[0]]) and torch.equal(buf[:, d[1]], buf[:, a[0]]), name
     host = mp.get_cpu_copy(c)                                # the host copy is the whole state
     for layer in range(len(LAYERS)):
         assert rms_ratio(host[1][layer, 0].to(DEVICE), run.oracle[layer, c.item()]) < TOL["float32"]

@@ -157,6 +157,38 @@ def test_unchecked_refresh_equals_checked_refresh_and_reads_no_device_value(fmt)
     assert_same_resets(checked, free)
 
 
+@pytest.mark.parametrize("family, fmt", [("mamba2", "nvfp4"), ("gdn", "fp8")])
+def test_unchecked_copy_equals_checked_copy_and_reads_no_device_value(family, fmt):
+    """``copy(checked=False)`` (the SGLang adapter's ``copy_from``): the same bytes as the checked
+    copy in every buffer (rings mid-window travel, nothing is flushed), a source copied into two
+    slots at once, no device value read; ``checkpoint=False`` leaves the checkpoint alone."""
+    spec, (checked, free), (sc, sf) = _pools(family, read_format=fmt)
+    gen = torch.Generator().manual_seed(21)
+    params = Params(spec, 2, gen)
+    for _ in range(3):                                         # count 3 of window 4: rings hold tokens
+        for layer in range(2):
+            inp = make_inputs(spec, params, layer, 3, None, gen, device=DEVICE)
+            for pool, slots in ((checked, sc), (free, sf)):
+                rs.decode(pool, layer, slots, **inp)
+    dst_c, dst_f = checked.alloc(2), free.alloc(2)
+    src_c, src_f = sc[[1, 1]], sf[[1, 1]]
+    checked.copy(src_c, dst_c)
+    with HostReads() as mode:
+        free.copy(src_f, dst_f, checked=False)
+    assert mode.found == [], mode.found
+    _assert_same_buffers(_buffers(checked), _buffers(free))
+    assert free.cursors["count"][:, dst_f].eq(3).all()
+    for layer in range(2):
+        assert torch.equal(free.read_state(layer, dst_f[:1]), free.read_state(layer, sf[1:2]))
+    free.checkpoint[:, dst_f] = 0.5                            # the host's own checkpoint copy is its own
+    free.copy(src_f, dst_f, checked=False, checkpoint=False)
+    assert free.checkpoint[:, dst_f].eq(0.5).all()
+    with pytest.raises(ValueError, match="dst: expected as many slots as src"):
+        free.copy(src_f, dst_f[:1], checked=False)
+    with pytest.raises(ValueError, match="src: expected an int64 tensor"):
+        free.copy(src_f.to(torch.int32), dst_f, checked=False)
+
+
 # slot indices outside a pool of 5 slots: below -1, at and past the end, past int32
 OUTSIDE = (-2, 5, 6, 2 ** 40)
 

@@ -6,13 +6,14 @@ GDN / KDA ``[layers, size + 1, HV, V, K]``, used through a transposed view) is t
 replay checkpoint, wrapped without a copy by one ``replayssm.StatePool`` per mamba pool; the
 ring, cursors and read copy are the StatePool's and follow every slot event SGLang issues, each
 taking one of the pool's verbs (``EVENTS``; ``on_event`` applies it): ``flush`` folds the slots'
-rings into the checkpoint before SGLang reads or copies it, ``refresh`` empties their rings and
-re-derives the read copy after SGLang wrote it.
+rings into the checkpoint before SGLang reads it, ``refresh`` empties their rings and re-derives the
+read copy after SGLang wrote it, ``copy`` carries ring, cursors and read copy beside SGLang's own
+copy of the checkpoint (no flush: the copy holds the source's state as it stands).
 
 | ``EVENTS`` key | SGLang event | verb |
 |---|---|---|
 | ``clear`` | ``clear_slots`` (fresh slot, zeroed state) | refresh |
-| ``copy source`` / ``copy destination`` | ``copy_from`` (COW on a radix hit, no_buffer copy for the tree) | flush / refresh |
+| ``copy`` | ``copy_from`` (COW on a radix hit, no_buffer copy for the tree) | copy (SGLang copies the checkpoint) |
 | ``cpu copy`` | ``get_cpu_copy`` (host tier / transfer): the copy is the whole state | flush |
 | ``cpu load`` | ``load_cpu_copy`` | refresh |
 | ``int8 store`` | int8 radix store (``MambaCheckpointPool.store_from_active``, ``--enable-int8-mamba-checkpoint``) | flush |
@@ -49,8 +50,7 @@ _BY_STATE: dict[tuple[int, tuple[int, ...]], tuple[weakref.ref, int]] = {}
 
 EVENTS = {
     "clear": "refresh",
-    "copy source": "flush",
-    "copy destination": "refresh",
+    "copy": "copy",
     "cpu copy": "flush",
     "cpu load": "refresh",
     "int8 store": "flush",
@@ -156,10 +156,8 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
             on_event("clear", self, indices)
 
         def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
-            # a radix insert copies one request's slot: one source, nothing to deduplicate
-            on_event("copy source", self, src_indices if src_indices.numel() == 1 else src_indices.unique())
             super().copy_from(src_indices, dst_indices)
-            on_event("copy destination", self, dst_indices)
+            on_event("copy", self, src_indices, dst=dst_indices)
 
         def get_cpu_copy(self, indices):
             on_event("cpu copy", self, indices.unique())
@@ -253,17 +251,24 @@ def replay_slots(pool: StatePool, indices: torch.Tensor) -> torch.Tensor:
 
 
 def on_event(event: str, owner, indices: torch.Tensor | None, layer: int | None = None, *,
-             verified: bool | None = None) -> None:
-    """SGLang's slot ``event`` (an ``EVENTS`` key) on ``owner`` (a ``ReplayMambaPool``): its verb
-    (``StatePool.flush`` or ``refresh``) on SGLang slot ``indices`` (int32/int64 ``[n]``, distinct),
-    in ``layer`` or every layer, in place. ``verified``: the verb's ``checked``; None:
-    ``checked(owner.replay)`` (unchecked on the Triton backend, where the verb replays from the pool's
+             verified: bool | None = None, dst: torch.Tensor | None = None) -> None:
+    """SGLang's slot ``event`` (an ``EVENTS`` key) on ``owner`` (a ``ReplayMambaPool``): its verb on
+    SGLang slot ``indices`` (int32/int64 ``[n]``, distinct), in ``layer`` or every layer, in place.
+    ``flush`` / ``refresh``: ``StatePool.flush`` / ``refresh``; ``copy``: ``StatePool.copy`` from
+    ``indices`` (a source may repeat) to ``dst`` (``[n]``, distinct), every layer, the checkpoint
+    left to SGLang's own copy. ``verified``: the verb's ``checked``; None: ``checked(owner.replay)``
+    (unchecked on the Triton backend, where flush and refresh replay from the pool's
     ``replay_graphs``). Nothing happens for ``owner`` None (not a replay pool) or no ``indices``."""
     if owner is None or indices is None:
         return
     replay, verb = owner.replay, EVENTS[event]
     slots = replay_slots(replay, indices)
-    if checked(replay) if verified is None else verified:
+    check = checked(replay) if verified is None else verified
+    if verb == "copy":
+        if dst is None or layer is not None:
+            raise ValueError(f"{event}: a copy takes dst slots and every layer")
+        replay.copy(slots, replay_slots(replay, dst), checked=check, checkpoint=False)
+    elif check:
         getattr(StatePool, verb)(replay, slots, layer=layer, checked=True)
     else:
         owner.replay_graphs(verb, slots, layer)

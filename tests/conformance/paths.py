@@ -317,8 +317,8 @@ def run_sglang(case: Case, backend: str) -> Trace:
     """The plugin's pool inside SGLang's ``HybridReqToTokenPool``: slots from SGLang's allocator,
     the prefill write + its refresh (``extend end``), steps through SGLang's call sites (Mamba-2
     ``selective_state_update``; GDN / KDA ``packed_decode`` and ``target_verify`` of SGLang's
-    kernel classes), fork as SGLang's ``copy_from`` and flush as ``get_cpu_copy`` (both flush
-    their sources first), commit on the pool's StatePool (what ``commit_after_verify`` ends with)."""
+    kernel classes), fork as SGLang's ``copy_from`` (the ring carried with the checkpoint) and flush
+    as ``get_cpu_copy`` (which flushes first), commit on the pool's StatePool (what ``commit_after_verify`` ends with)."""
     from replayssm.integrations.sglang import hooks
     from replayssm.integrations.sglang import pool as replay_pool
     hooks.install(case.cfg, backend=backend)
