@@ -189,6 +189,34 @@ def test_unchecked_copy_equals_checked_copy_and_reads_no_device_value(family, fm
         free.copy(src_f.to(torch.int32), dst_f, checked=False)
 
 
+class _Ops(TorchDispatchMode):
+    """Counts the aten ops run under it that launch work on a GPU (views and detaches excluded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.__name__.split(".")[0] not in ("view", "_unsafe_view", "detach")
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_copy_launches_the_same_ops_for_any_number_of_layers():
+    """SGLang copies one request's slot per radix insert: ``copy(checked=False, checkpoint=False)``
+    is one gather and one scatter per side buffer over every layer at once (no flush, no refresh,
+    nothing per layer)."""
+    counts = []
+    for layers in (1, 4):
+        pool = rs.StatePool(SPECS["mamba2"], rs.ReplayConfig(window=4, read_format="nvfp4"), num_layers=layers,
+                            num_slots=5, device=DEVICE, backend="triton")
+        src, dst = pool.alloc(1), pool.alloc(1)
+        with _Ops() as ops:
+            pool.copy(src, dst, checked=False, checkpoint=False)
+        counts.append(ops.count)
+    side = len(pool.read) + len(pool.ring) + len(pool.cursors)
+    assert counts == [2 * side, 2 * side], counts
+
+
 # slot indices outside a pool of 5 slots: below -1, at and past the end, past int32
 OUTSIDE = (-2, 5, 6, 2 ** 40)
 
