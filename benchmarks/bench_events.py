@@ -17,9 +17,11 @@ the hosts bind (Mamba-2 ``[S, H, P, N]``, GDN / KDA ``[S, HV, V, K]``), eager as
 - ``floor``: one read of the rows' checkpoint bytes (``floors.read_floor``).
 
 ``--pool-layers L`` adds the events a host issues one request at a time over every layer (SGLang's
-radix insert after a prefill copies each request's slot: a flush of the source and a refresh of
-the copy; a finished request's slot is flushed): one slot's flush and refresh over ``L`` layers,
-eager and through ``VerbGraphs`` (one CUDA graph replay per event).
+radix insert after a prefill copies each request's slot; a finished request's slot is flushed): one
+slot's flush and refresh over ``L`` layers, eager and through ``VerbGraphs`` (one CUDA graph replay
+per event), and the copy of one slot into another as the SGLang pool makes it
+(``StatePool.copy(checked=False, checkpoint=False)``: ring, cursors and read copy, every layer at
+once; SGLang copies the checkpoint itself) beside the flush and refresh a copy took before.
 
 Times are medians of ``triton.testing.do_bench`` (milliseconds, launches included: a prefill runs
 them outside CUDA graphs). GB/s counts the checkpoint bytes read and the read-copy bytes written
@@ -132,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def pool_events(args, dev: str) -> list[dict]:
     """One slot's flush and refresh over ``args.pool_layers`` layers with entries in its rings,
-    eager and through ``VerbGraphs``; ms per event (medians of ``do_bench``)."""
+    eager and through ``VerbGraphs``, and one slot's copy (side buffers, every layer); ms per event
+    (medians of ``do_bench``)."""
     import torch
     from triton.testing import do_bench
 
@@ -142,7 +145,7 @@ def pool_events(args, dev: str) -> list[dict]:
 
     out = []
     print(f"\n{'model':12s} {'read':10s} {'layers':>6s} {'flush':>8s} {'graphed':>8s} {'refresh':>8s} "
-          f"{'graphed':>8s}   (ms per event, one slot)", flush=True)
+          f"{'graphed':>8s} {'copy':>8s}   (ms per event, one slot)", flush=True)
     for name in args.models:
         spec = MODEL_SPECS[name]
         layout = "vk" if spec.is_delta else "kv"
@@ -165,9 +168,12 @@ def pool_events(args, dev: str) -> list[dict]:
                 t[verb] = do_bench(lambda: getattr(pool, verb)(slot, checked=False), warmup=10, rep=100,
                                    return_mode="median")
                 t[verb + "_graphed"] = do_bench(lambda: graphs(verb, slot), warmup=10, rep=100, return_mode="median")
+            dst = torch.tensor([5], device=dev)
+            t["copy"] = do_bench(lambda: pool.copy(slot, dst, checked=False, checkpoint=False), warmup=10, rep=100,
+                                 return_mode="median")
             out.append(dict(model=name, read_format=fmt, layout=layout, layers=L, **{k + "_ms": v for k, v in t.items()}))
             print(f"{name:12s} {fmt:10s} {L:6d} {t['flush']:8.3f} {t['flush_graphed']:8.3f} {t['refresh']:8.3f} "
-                  f"{t['refresh_graphed']:8.3f}", flush=True)
+                  f"{t['refresh_graphed']:8.3f} {t['copy']:8.3f}", flush=True)
     return out
 
 

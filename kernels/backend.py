@@ -18,36 +18,57 @@ def check(spec, cfg) -> None:
         raise ValueError(f"{name}: the triton backend needs a power of two >= 16, got {cols}")
 
 
-def _layer_buffers(pool, layer: int):
-    read = [pool.read[k][layer] if pool.read else None for k in ("codes", "block_scale", "row_scale")]
-    cur = pool.cursors
-    return read, cur["count"][layer], cur["origin"][layer], cur["epoch"][layer]
+def layer_state(pool, layer: int) -> dict:
+    """The buffers of ``layer`` of ``pool`` named as the step ops name them (views, no copy):
+
+    | Name                                         | Pool buffer                          |
+    |----------------------------------------------|--------------------------------------|
+    | checkpoint                                   | ``pool.checkpoint[layer]``           |
+    | read_codes, read_block_scale, read_row_scale | ``pool.read[...][layer]`` (None without a read copy) |
+    | ring_<name> (ring_x, ring_k, ...)            | ``pool.ring[name][layer]``           |
+    | count, origin, epoch                         | ``pool.cursors[...][layer]``         |
+    """
+    state = {"checkpoint": pool.checkpoint[layer]}
+    state.update({f"read_{k}": pool.read[k][layer] if pool.read else None for k in ("codes", "block_scale", "row_scale")})
+    state.update({f"ring_{k}": v[layer] for k, v in pool.ring.items()})
+    state.update({f: pool.cursors[f][layer] for f in ("count", "origin", "epoch")})
+    return state
 
 
-def step(pool, layer: int, slots: torch.Tensor, host: torch.Tensor, inputs: dict, *, committed: bool,
+def _formats(cfg, layer: int) -> dict:
+    """The format arguments of a layer's step ops: checkpoint and read-copy codes, the rounding seed."""
+    return dict(checkpoint_format=CKPT_CODES[cfg.checkpoint_dtype], read_format=READ_CODES[cfg.read_format],
+                sr_base=ops.sr_base(cfg.seed, layer))
+
+
+def _fp32(t):
+    return None if t is None else t.float()
+
+
+def step(pool, layer: int, slots: torch.Tensor, cpu_slots: torch.Tensor | None, inputs: dict, *, committed: bool,
          out: torch.Tensor) -> None:
-    """One decode / verify step of ``slots`` (device, -1 = padding) through the kernels; cursors advance."""
+    """One decode / verify step of ``slots`` (device, -1 = padding) through the kernels; cursors advance.
+    ``cpu_slots`` is not needed (the kernels index rows on the device)."""
     spec, cfg = pool.spec, pool.cfg
-    read, count, origin, epoch = _layer_buffers(pool, layer)
-    ring = {k: v[layer] for k, v in pool.ring.items()}
-    fmt = dict(checkpoint_format=CKPT_CODES[cfg.checkpoint_dtype], read_format=READ_CODES[cfg.read_format],
-               sr_base=ops.sr_base(cfg.seed, layer))
+    args = dict(layer_state(pool, layer), slots=slots, out=out, window=cfg.window, committed=committed,
+                **_formats(cfg, layer))
     if spec.family == "mamba2":
         pool.layer_A[layer] = inputs["A"]
-        ops.mamba2_step(pool.checkpoint[layer], *read, ring["x"], ring["dt"], ring["B"], count, origin,
-                        epoch, slots, inputs["x"], inputs["dt"], inputs["A"].float(), inputs["B"], inputs["C"],
-                        None if inputs["D"] is None else inputs["D"].float(),
-                        None if inputs["dt_bias"] is None else inputs["dt_bias"].float(), inputs["z"], out,
-                        cfg.window, committed, **fmt)
+        ops.mamba2_step(**args, x=inputs["x"], dt=inputs["dt"], A=inputs["A"].float(), B=inputs["B"], C=inputs["C"],
+                        D=_fp32(inputs["D"]), dt_bias=_fp32(inputs["dt_bias"]), z=inputs["z"])
         T = inputs["x"].shape[1]
     else:
-        ops.delta_step(pool.checkpoint[layer], *read, ring["k"], ring["v"], ring["g"], ring["beta"], ring["d"], count,
-                       origin, epoch, slots, inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], out,
-                       float(inputs["scale"]), cfg.window, committed, **fmt, q_scale=inputs["q_scale"])
+        ops.delta_step(**args, q=inputs["q"], k=inputs["k"], v=inputs["v"], g=inputs["g"], beta=inputs["beta"],
+                       scale=float(inputs["scale"]), q_scale=inputs["q_scale"])
         T = inputs["v"].shape[1]
-    cur = pool.cursors
-    ops.advance(cur["count"][layer], cur["origin"][layer], cur["pending"][layer], cur["epoch"][layer], slots, T,
-                cfg.window, cfg.capacity, committed)
+    _advance(pool, layer, slots, T, committed)
+
+
+def _advance(pool, layer: int, slots: torch.Tensor, num_tokens: int, committed: bool) -> None:
+    cur, cfg = pool.cursors, pool.cfg
+    ops.advance(count=cur["count"][layer], origin=cur["origin"][layer], pending=cur["pending"][layer],
+                epoch=cur["epoch"][layer], slots=slots, num_tokens=num_tokens, window=cfg.window,
+                capacity=cfg.capacity, committed=committed)
 
 
 def flush(pool, layer: int, slots: torch.Tensor) -> None:
@@ -55,10 +76,6 @@ def flush(pool, layer: int, slots: torch.Tensor) -> None:
     ``layer`` and re-derive its read copy, on the device: a flush-only step (T = 0) whose rows with
     committed entries flush; cursors advance (``count = 0``). Reads no device value."""
     spec, cfg = pool.spec, pool.cfg
-    read, count, origin, epoch = _layer_buffers(pool, layer)
-    ring = {k: v[layer] for k, v in pool.ring.items()}
-    fmt = dict(checkpoint_format=CKPT_CODES[cfg.checkpoint_dtype], read_format=READ_CODES[cfg.read_format],
-               sr_base=ops.sr_base(cfg.seed, layer))
     n, act, dev = slots.numel(), cfg.torch_ring_dtype, pool.device
     empty = lambda *shape, dtype=act: torch.empty(n, 0, *shape, dtype=dtype, device=dev)  # noqa: E731
     if spec.family == "mamba2":
@@ -66,41 +83,42 @@ def flush(pool, layer: int, slots: torch.Tensor) -> None:
         if A is None:                        # never stepped: nothing committed to fold
             return
         H, P, N, G = spec.num_heads, spec.head_dim, spec.state_dim, spec.num_groups
-        ops.mamba2_step(pool.checkpoint[layer], *read, ring["x"], ring["dt"], ring["B"], count, origin, epoch,
-                        slots, empty(H, P), empty(H, dtype=torch.float32), A.float(), empty(G, N),
-                        empty(G, N), None, None, None, empty(H, P), cfg.window, False, **fmt)
+        tokens = dict(x=empty(H, P), dt=empty(H, dtype=torch.float32), A=A.float(), B=empty(G, N), C=empty(G, N),
+                      D=None, dt_bias=None, z=None, out=empty(H, P))
+        op = ops.mamba2_step
     else:
         HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
         g = empty(HV, K, dtype=torch.float32) if spec.family == "kda" else empty(HV, dtype=torch.float32)
-        ops.delta_step(pool.checkpoint[layer], *read, ring["k"], ring["v"], ring["g"], ring["beta"], ring["d"],
-                       count, origin, epoch, slots, empty(HK, K), empty(HK, K), empty(HV, V), g,
-                       empty(HV, dtype=torch.float32), empty(HV, V), 1.0, cfg.window, False, **fmt)
-    cur = pool.cursors
-    ops.advance(cur["count"][layer], cur["origin"][layer], cur["pending"][layer], cur["epoch"][layer], slots, 0,
-                cfg.window, cfg.capacity, False)
+        tokens = dict(q=empty(HK, K), k=empty(HK, K), v=empty(HV, V), g=g, beta=empty(HV, dtype=torch.float32),
+                      out=empty(HV, V), scale=1.0)
+        op = ops.delta_step
+    op(**layer_state(pool, layer), slots=slots, **tokens, window=cfg.window, committed=False, **_formats(cfg, layer))
+    _advance(pool, layer, slots, 0, False)
 
 
-def store(pool, layer: int, host_rows: torch.Tensor, state: torch.Tensor) -> None:
-    """Write fp32 ``state`` as the checkpoint of ``host_rows`` and refresh their read copy."""
-    if host_rows.numel() == 0:
+def store(pool, layer: int, cpu_rows: torch.Tensor, state: torch.Tensor) -> None:
+    """Write fp32 ``state`` as the checkpoint of ``cpu_rows`` and refresh their read copy."""
+    if cpu_rows.numel() == 0:
         return
-    cfg = pool.cfg
-    read, _, _, epoch = _layer_buffers(pool, layer)
-    ops.store_checkpoint(state.contiguous(), host_rows.to(pool.device), pool.checkpoint[layer], *read, epoch,
-                         pool.spec.is_delta, CKPT_CODES[cfg.checkpoint_dtype], READ_CODES[cfg.read_format],
-                         ops.sr_base(cfg.seed, layer))
+    buffers = layer_state(pool, layer)
+    ops.store_checkpoint(state=state.contiguous(), slots=cpu_rows.to(pool.device), checkpoint=buffers["checkpoint"],
+                         read_codes=buffers["read_codes"], read_block_scale=buffers["read_block_scale"],
+                         read_row_scale=buffers["read_row_scale"], epoch=buffers["epoch"], is_delta=pool.spec.is_delta,
+                         **_formats(pool.cfg, layer))
 
 
 def refresh(pool, layer: int, rows: torch.Tensor) -> None:
     """Re-derive the read copy of ``rows`` (int64 on the device, slots of the pool) of ``layer`` from
     their stored checkpoint, on the device; checkpoint and cursors untouched. Reads no device value."""
-    read, _, _, _ = _layer_buffers(pool, layer)
-    ops.refresh_read_copy(pool.checkpoint[layer], rows, *read, pool.spec.is_delta, READ_CODES[pool.cfg.read_format])
+    buffers = layer_state(pool, layer)
+    ops.refresh_read_copy(checkpoint=buffers["checkpoint"], slots=rows, read_codes=buffers["read_codes"],
+                          read_block_scale=buffers["read_block_scale"], read_row_scale=buffers["read_row_scale"],
+                          is_delta=pool.spec.is_delta, read_format=READ_CODES[pool.cfg.read_format])
 
 
 def commit(cursors: dict, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
     """Keep ``num_accepted`` pending tokens of ``slots`` in every layer (one launch)."""
-    ops.commit(cursors["count"], cursors["pending"], slots, num_accepted)
+    ops.commit(count=cursors["count"], pending=cursors["pending"], slots=slots, num_accepted=num_accepted)
 
 
 fold_committed = backend_reference.fold_committed

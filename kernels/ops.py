@@ -185,12 +185,6 @@ def mamba2_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
         sr_base))
 
 
-@mamba2_step.register_fake
-def _(checkpoint, read_codes, read_block_scale, read_row_scale, ring_x, ring_dt, ring_B, count, origin,
-      epoch, slots, x, dt, A, B, C, D, dt_bias, z, out, window, committed, checkpoint_format, read_format, sr_base):
-    return None
-
-
 def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], read_block_scale: Optional[torch.Tensor],
                read_row_scale: Optional[torch.Tensor], ring_k: torch.Tensor, ring_v: torch.Tensor,
                ring_g: torch.Tensor, ring_beta: torch.Tensor, ring_d: torch.Tensor, count: torch.Tensor,
@@ -279,13 +273,6 @@ def delta_step(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
         read_format, sr_base, q_scale))
 
 
-@delta_step.register_fake
-def _(checkpoint, read_codes, read_block_scale, read_row_scale, ring_k, ring_v, ring_g, ring_beta, ring_d, count,
-      origin, epoch, slots, q, k, v, g, beta, out, scale, window, committed, checkpoint_format, read_format, sr_base,
-      q_scale=None):
-    return None
-
-
 @torch.library.custom_op("replayssm::store_checkpoint", mutates_args=(
     "checkpoint", "read_codes", "read_block_scale", "read_row_scale"))
 def store_checkpoint(state: torch.Tensor, slots: torch.Tensor, checkpoint: torch.Tensor,
@@ -304,12 +291,6 @@ def store_checkpoint(state: torch.Tensor, slots: torch.Tensor, checkpoint: torch
         **_strides(checkpoint, "c_s", "c_h", "c_a", "c_b"), codes=codes, block_scale=bs, row_scale=rs, epoch=epoch,
         sr_base=sr_base, HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR, IS_DELTA=is_delta, CKPT_FMT=checkpoint_format,
         READ_FMT=read_format, num_warps=4, **_read_consts(read_format, cols_n))
-
-
-@store_checkpoint.register_fake
-def _(state, slots, checkpoint, read_codes, read_block_scale, read_row_scale, epoch, is_delta, checkpoint_format,
-      read_format, sr_base):
-    return None
 
 
 @torch.library.custom_op("replayssm::refresh_read_copy", mutates_args=("read_codes", "read_block_scale",
@@ -335,11 +316,6 @@ def refresh_read_copy(checkpoint: torch.Tensor, slots: torch.Tensor, read_codes:
         READ_FMT=read_format, num_warps=4, **_read_consts(read_format, cols_n))
 
 
-@refresh_read_copy.register_fake
-def _(checkpoint, slots, read_codes, read_block_scale, read_row_scale, is_delta, read_format):
-    return None
-
-
 @torch.library.custom_op("replayssm::advance", mutates_args=("count", "origin", "pending", "epoch"))
 def advance(count: torch.Tensor, origin: torch.Tensor, pending: torch.Tensor, epoch: torch.Tensor,
             slots: torch.Tensor, num_tokens: int, window: int, capacity: int, committed: bool) -> None:
@@ -348,17 +324,16 @@ def advance(count: torch.Tensor, origin: torch.Tensor, pending: torch.Tensor, ep
                          "epoch": epoch[None]}, 0, slots, num_tokens, window, capacity, committed=committed)
 
 
-@advance.register_fake
-def _(count, origin, pending, epoch, slots, num_tokens, window, capacity, committed):
-    return None
-
-
 @torch.library.custom_op("replayssm::commit", mutates_args=("count", "pending"))
 def commit(count: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
     """Keep ``num_accepted [n]`` pending tokens of ``slots [n]`` in every layer; cursors ``[NL, S + 1]``."""
     ring_triton.commit({"count": count, "pending": pending}, slots, num_accepted)
 
 
-@commit.register_fake
-def _(count, pending, slots, num_accepted):
+def _no_output(*args, **kwargs) -> None:
+    """The ops' fake (meta) implementation: they return nothing and write only their arguments."""
     return None
+
+
+for _op in (mamba2_step, delta_step, store_checkpoint, refresh_read_copy, advance, commit):
+    _op.register_fake(_no_output)

@@ -11,6 +11,7 @@ Models: ``MODELS`` (``replayssm.spec.MODELS``) by name, a Hugging Face ``config.
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -122,16 +123,15 @@ def step_plan(spec, cfg, tensors: dict, *, committed: bool, layer: int = 0, stat
     t = dict(tensors)
     if spec.is_delta and state_layout == "vk":
         t["checkpoint"] = t["checkpoint"].transpose(-1, -2)
-    read = [t.get(f"read_{k}") for k in ("codes", "block_scale", "row_scale")]
-    fmt = dict(checkpoint_format=CKPT_CODES[cfg.checkpoint_dtype], read_format=READ_CODES[cfg.read_format],
-               sr_base=ops.sr_base(cfg.seed, layer))
+    fixed = dict(window=cfg.window, committed=committed, checkpoint_format=CKPT_CODES[cfg.checkpoint_dtype],
+                 read_format=READ_CODES[cfg.read_format], sr_base=ops.sr_base(cfg.seed, layer))
     if spec.family == "mamba2":
-        return ops.mamba2_plan(t["checkpoint"], *read, t["ring_x"], t["ring_dt"], t["ring_B"], t["count"],
-                               t["origin"], t["epoch"], t["slots"], t["x"], t["dt"], t["A"], t["B"], t["C"],
-                               t["D"], t["dt_bias"], t.get("z"), t["out"], cfg.window, committed, **fmt)
-    return ops.delta_plan(t["checkpoint"], *read, t["ring_k"], t["ring_v"], t["ring_g"], t["ring_beta"], t["ring_d"],
-                          t["count"], t["origin"], t["epoch"], t["slots"], t["q"], t["k"], t["v"], t["g"], t["beta"],
-                          t["out"], spec.head_k_dim ** -0.5, cfg.window, committed, **fmt, q_scale=t["q_scale"])
+        plan = ops.mamba2_plan
+    else:
+        plan, fixed["scale"] = ops.delta_plan, spec.head_k_dim ** -0.5
+    # the plan's tensor parameters by name (an optional one absent from ``tensors`` is None)
+    named = {p: t.get(p) for p in inspect.signature(plan).parameters if p not in fixed}
+    return plan(**named, **fixed)
 
 
 def dims_from_config(config: dict) -> dict:
