@@ -32,3 +32,29 @@ def test_step_table_reads_the_layer_stacks():
     rows = report.step_table([RESULTS / "decode-step-h200.json", RESULTS / "decode-step-h200-staggered.json"])
     assert "| nemotron-h-8b | 256 | window | replay + nvfp4 | 22245.6 | 23 % | 1.51x |" in rows
     assert "| qwen3.5-9b | 256 | staggered | replay + nvfp4 | 27050.0 | 14 % | 1.11x |" in rows
+
+
+def test_memory_rows_are_what_the_pools_allocate():
+    """``benchmarks/memory.py``: replay's bytes per request and layer are a pool's ring, cursor and
+    read-copy buffers per slot; SGLang's snapshots are T states (its ``intermediate_ssm`` layout,
+    which ``ReplayMambaPool`` requires to skip)."""
+    import memory
+
+    import replayssm as rs
+    from shapes import MODEL_SPECS
+
+    rows = {(r["model"], r["tokens"]): r for r in memory.rows([4], window=16)}
+    for name, spec in MODEL_SPECS.items():
+        cfg = rs.ReplayConfig(window=16, max_draft_tokens=3, read_format="nvfp4", ring_dtype="bfloat16")
+        pool = rs.StatePool(spec, cfg, num_layers=2, num_slots=3, device="meta", backend="reference")
+        side = sum(t.numel() * t.element_size() for t in (*pool.read.values(), *pool.ring.values()))
+        side += sum(c[:, :-1].numel() * c.element_size() for c in pool.cursors.values())
+        row = rows[name, 4]
+        assert row["replay_nvfp4"] == side // (2 * 3), name
+        assert row["sglang_snapshots"] == 4 * row["state"] == 4 * spec.state_numel * 4, name
+
+
+def test_benchmarks_md_memory_table_is_what_memory_py_prints():
+    import memory
+
+    assert memory.table(memory.rows([4, 8], window=16)) in (ROOT / "BENCHMARKS.md").read_text()

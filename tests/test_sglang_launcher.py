@@ -142,8 +142,10 @@ def test_dry_run_plan_with_drafts(environ, capsys, MODEL):
     out = _dry_run(capsys, ["--replay-ssm"] + MODEL + SPEC)
     cfg = ReplayConfig(max_draft_tokens=3, ring_dtype="bfloat16")
     assert out["plan"]["max_draft_tokens"] == 3 and out["plan"]["capacity"] == cfg.capacity == 19
-    assert out["plan"]["layers"][0]["bytes_per_slot"] == _bytes_per_slot(
-        rs.LayerSpec.mamba2(num_heads=4, head_dim=6, state_dim=16, num_groups=2), cfg)
+    per_layer = _bytes_per_slot(rs.LayerSpec.mamba2(num_heads=4, head_dim=6, state_dim=16, num_groups=2), cfg)
+    assert out["plan"]["layers"][0]["bytes_per_slot"] == per_layer
+    # SGLang's snapshots of a 4-token verify, which replay does not allocate: 4 states per layer and request
+    assert out["plan"]["sglang_snapshot_bytes_per_request"] == 4 * per_layer["checkpoint"] * len(out["plan"]["layers"])
 
 
 @pytest.mark.parametrize("flag,value", [("--replay-window", "8"), ("--replay-checkpoint-dtype", "bfloat16"),
