@@ -42,7 +42,8 @@ def sr_base(seed: int, layer: int) -> int:
     return int(mix32(torch.tensor((seed + 0x9E3779B9 * (layer + 1)) & 0xFFFFFFFF, dtype=torch.int64)))
 
 
-def _require(name: str, t: torch.Tensor, shape, dtype=None, contiguous: bool = False, any_strides: bool = False) -> None:
+def _require(name: str, t: torch.Tensor, shape, dtype=None, contiguous: bool = False,
+             any_strides: bool = False) -> None:
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
     if dtype is not None and t.dtype != dtype:
@@ -92,7 +93,7 @@ def _strides(t: torch.Tensor, *names: str) -> dict:
 def _read_consts(read_format: int, cols: int) -> dict:
     """Read-copy code width and element max as kernel constants."""
     fp8 = read_format == ReadCode.FP8
-    return dict(RC_CW=cols if fp8 else cols // 2, RC_EMAX=448.0 if fp8 else 6.0)
+    return dict(ROW_CODE_BYTES=cols if fp8 else cols // 2, CODE_MAX=448.0 if fp8 else 6.0)
 
 
 def _read_buffers(read_codes, read_block_scale, read_row_scale, ref: torch.Tensor):

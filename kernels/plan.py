@@ -35,8 +35,8 @@ def passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dic
     of the two passes of a step (of the flush pass alone for ``T = 0``: a flush-only launch,
     ``StatePool.flush`` on the device; of the decode or verify kernel alone for a step on the
     checkpoint, which folds its flush rows too, unless its tile says ``fold=False``). The grid is
-    (row tiles, heads, last): ``"n"`` (a program per row) for the non-flush passes, ``RP`` programs
-    sharing the flush rows for the flush pass.
+    (row tiles, heads, last): ``"n"`` (a program per row) for the non-flush passes, ``ROW_PROGRAMS``
+    programs sharing the flush rows for the flush pass.
 
     ``kernels``: (decode, verify, flush) Triton functions of the family; ``vk``: the checkpoint's
     key channels are contiguous (a framework's ``[S, HV, V, K]`` tensor), which has its own decode
@@ -49,8 +49,8 @@ def passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dic
     if T == 1 and const["COMMITTED"] and on_checkpoint and fold.get("fold", True):
         # a decode on the checkpoint: one launch folds its flush rows too (unless the tile says
         # fold=False: then the decode's flush rows take the flush pass, as behind a read copy)
-        tile = dict(fold, NC=min(fold["chunk"], cols), NF=min(fold["fold_chunk"], cols), RC_PW=1, FOLD=True,
-                    FST=fold.get("fold_stages", fold["stages"]))
+        tile = dict(fold, CHUNK=min(fold["chunk"], cols), FOLD_CHUNK=min(fold["fold_chunk"], cols), CODES_PER_WORD=1,
+                    FOLD=True, FOLD_STAGES=fold.get("fold_stages", fold["stages"]))
         return _blocks([(kernels[0], tile, False)], rows, const)
     ver = tiles["verify" if on_checkpoint else "verify_read"]
     tt = max(ver.get("tokens", 2), triton.next_power_of_2(T)) if T != 1 else 1   # the verify's padded tokens
@@ -59,9 +59,9 @@ def passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dic
     suffix = "_vk" if vk and replay else ""
     flush = tiles[("verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush")
                   + suffix]
-    flush = dict(flush, RP=flush["row_programs"], RB=FLUSH_SCAN_ROWS)
+    flush = dict(flush, ROW_PROGRAMS=flush["row_programs"], SCAN_ROWS=FLUSH_SCAN_ROWS)
     if family == "mamba2":
-        flush = dict(flush, NC=min(flush["chunk"], cols), TT=tt)
+        flush = dict(flush, CHUNK=min(flush["chunk"], cols), PADDED_T=tt)
     else:   # `kl` counts fp32 channels: a 16-bit checkpoint's runs take as many bytes, twice the channels
         flush = dict(flush, KL=min(flush.get("kl", 0) * (1 if const["CKPT_FMT"] == CkptCode.FP32 else 2), cols),
                      ROWS_FROM_BLOCKS=flush.get("rows_from_blocks", False))
@@ -73,17 +73,26 @@ def passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dic
         # a verify on the checkpoint is one launch: the verify kernel folds its flush rows' history too
         # (unless the tile says fold=False: then the flush pass folds it)
         vfold = on_checkpoint and ver.get("fold", True)
-        plan = [(kernels[1], dict(ver, NC=nc, RC_PW=pw, NWP=max(16, nc // pw), TT=tt, FOLD=vfold), False)]
+        plan = [(kernels[1], dict(ver, CHUNK=nc, CODES_PER_WORD=pw, CHUNK_WORDS=max(16, nc // pw), PADDED_T=tt,
+                                  FOLD=vfold), False)]
         if vfold:
             return _blocks(plan, rows, const)
     else:
         pw = _PER_WORD[const["READ_FMT"]]
         dec = tiles["read" if pw > 1 else "read_fp8" if not on_checkpoint else "decode_vk" if vk_tile
                     else "decode"]
-        unused = dict(NF=16, dot="ieee", FST=1)                         # the fold's: unused here
-        plan = [(kernels[0], dict(dec, NC=max(pw, min(dec["chunk"], cols)), RC_PW=pw, FOLD=False, **unused), False)]
+        unused = dict(FOLD_CHUNK=16, dot="ieee", FOLD_STAGES=1)           # the fold's: unused here
+        plan = [(kernels[0], dict(dec, CHUNK=max(pw, min(dec["chunk"], cols)), CODES_PER_WORD=pw, FOLD=False,
+                                  **unused), False)]
     plan.append((kernels[2], flush, True))
     return _blocks(plan, rows, const)
+
+
+# (kernel constexpr, tile key): the planner's own keys are upper case, the tile table's lower case
+_CONSTEXPR_KEYS = (("CHUNK", "CHUNK"), ("CODES_PER_WORD", "CODES_PER_WORD"), ("CHUNK_WORDS", "CHUNK_WORDS"),
+                   ("PADDED_T", "PADDED_T"), ("STAGES", "stages"), ("FOLD_STAGES", "FOLD_STAGES"), ("DOT", "dot"),
+                   ("ACC", "acc"), ("FOLD", "FOLD"), ("FOLD_CHUNK", "FOLD_CHUNK"), ("ROW_PROGRAMS", "ROW_PROGRAMS"),
+                   ("SCAN_ROWS", "SCAN_ROWS"), ("KL", "KL"), ("ROWS_FROM_BLOCKS", "ROWS_FROM_BLOCKS"))
 
 
 def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
@@ -92,11 +101,8 @@ def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
     out = []
     for kernel, tile, flush_pass in plan:
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
-        extra = {k: tile[t] for k, t in (("NC", "NC"), ("RC_PW", "RC_PW"), ("NWP", "NWP"), ("TT", "TT"),
-                                         ("STAGES", "stages"), ("FST", "FST"), ("DOT", "dot"), ("ACC", "acc"),
-                                         ("FOLD", "FOLD"), ("NF", "NF"), ("RP", "RP"), ("RB", "RB"),
-                                         ("KL", "KL"), ("ROWS_FROM_BLOCKS", "ROWS_FROM_BLOCKS")) if t in tile}
-        out.append((kernel, block, tile["RP"] if flush_pass else "n", {**const, **extra}, tile["num_warps"],
+        extra = {k: tile[t] for k, t in _CONSTEXPR_KEYS if t in tile}
+        out.append((kernel, block, tile["ROW_PROGRAMS"] if flush_pass else "n", {**const, **extra}, tile["num_warps"],
                     flush_pass))
     return out
 

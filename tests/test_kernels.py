@@ -30,9 +30,10 @@ CONFIGS = {
     "L4": dict(window=4),
     "L16-d7": dict(window=16, max_draft_tokens=7),
     "L17": dict(window=17),                       # a flush folds 16 entries: a full delta block
-    "L4-d16": dict(window=4, max_draft_tokens=16),  # a ring of 34: delta blocks of 32, verify TT 16
+    "L4-d16": dict(window=4, max_draft_tokens=16),  # a ring of 34: delta blocks of 32, verify PADDED_T 16
     "L4-d3-fp8": dict(window=4, max_draft_tokens=3, read_format="fp8"),
-    # T = 3: a verify with a padded token lane (TT 4); the d1 / d3 / d7 configs verify T = 2 to 8 at TT 2 to 8
+    # T = 3: a verify with a padded token lane (PADDED_T 4); the d1 / d3 / d7 configs verify T = 2 to 8
+    # at PADDED_T 2 to 8
     "L8-d2-nvfp4-fp16sr": dict(window=8, max_draft_tokens=2, read_format="nvfp4", checkpoint_dtype="float16_sr"),
     "L4-d1-bf16": dict(window=4, max_draft_tokens=1, checkpoint_dtype="bfloat16", ring_dtype="bfloat16"),
     "L8-bf16ring": dict(window=8, ring_dtype="bfloat16"),  # fp32 checkpoint, 16-bit ring: as the adapters run
@@ -247,15 +248,15 @@ def test_refresh_read_copy_is_bit_exact(family, fmt):
 
 @triton.jit
 def _decode_words_kernel(codes, bs, rs_, out, ROWS: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr,
-                         NC: tl.constexpr, PW: tl.constexpr, FMT: tl.constexpr):
+                         CHUNK: tl.constexpr, PW: tl.constexpr, FMT: tl.constexpr):
     # out [ROWS, COLS] fp32: the read copy decoded the way the decode kernels stream it
     rows = tl.arange(0, ROWS)
-    jw = tl.arange(0, NC // PW)
+    jw = tl.arange(0, CHUNK // PW)
     rsc = tl.load(rs_ + rows)
-    for c in tl.static_range(COLS // NC):
-        words, bscale = load_read_words(codes, bs, rows, rows < ROWS, c, COLS, CW, NC, PW, NC // PW)
+    for c in tl.static_range(COLS // CHUNK):
+        words, bscale = load_read_words(codes, bs, rows, rows < ROWS, c, COLS, CW, CHUNK, PW, CHUNK // PW)
         for w in tl.static_range(PW):
-            col = c * NC + jw * PW + w
+            col = c * CHUNK + jw * PW + w
             tl.store(out + rows[:, None] * COLS + col[None, :],
                      word_values(words, w, FMT) * bscale * rsc[:, None])
 
@@ -271,7 +272,7 @@ def test_read_words_decode_bit_exact(fmt, chunk):
     codes, bs, rsc = (t.to(DEVICE) for t in rs.formats.quantize(x, fmt))
     out = torch.full((rows, cols), float("nan"), device=DEVICE)
     cw = codes.shape[-1]
-    _decode_words_kernel[(1,)](codes, bs, rsc, out, ROWS=rows, COLS=cols, CW=cw, NC=chunk,
+    _decode_words_kernel[(1,)](codes, bs, rsc, out, ROWS=rows, COLS=cols, CW=cw, CHUNK=chunk,
                                PW=4 if fmt == "fp8" else 8, FMT=READ_CODES[fmt])
     assert torch.equal(out.cpu(), rs.formats.dequantize(codes.cpu(), bs.cpu(), rsc.cpu(), fmt))
 
@@ -370,7 +371,8 @@ def test_padded_rows_and_owned_vk_checkpoint():
 
 
 @pytest.mark.parametrize("read_format", ["checkpoint", "fp8", "nvfp4"])
-@pytest.mark.parametrize("family,layout", [("mamba2", "kv"), ("gdn", "kv"), ("gdn", "vk"), ("kda", "kv"), ("kda", "vk")])
+@pytest.mark.parametrize("family,layout", [("mamba2", "kv"), ("gdn", "kv"), ("gdn", "vk"), ("kda", "kv"), ("kda",
+                                                                                                           "vk")])
 def test_decode_tiles_of_several_chunks(monkeypatch, family, layout, read_format):
     """Decode tiles that stream the state's columns (key channels) in two chunks, with and without
     the chunks' products accumulated (``acc``), on both delta checkpoint layouts: outputs match
@@ -419,7 +421,8 @@ VK_CASES = [("tiny", "gdn", "nvfp4", "float32", 16), ("tiny", "gdn", "nvfp4", "f
             ("tiny", "gdn", "fp8", "float32", 16), ("tiny", "kda", "nvfp4", "float32", 16),
             ("tiny", "kda", "fp8", "bfloat16", 16)]
 if CUDA:
-    VK_CASES += [("real", f, rf, "float32", kl) for f in ("gdn", "kda") for rf in ("fp8", "nvfp4") for kl in (0, 16, 32)]
+    VK_CASES += [("real", f, rf, "float32", kl) for f in ("gdn", "kda") for rf in ("fp8", "nvfp4") for kl in (0, 16,
+                                                                                                              32)]
 
 
 @pytest.mark.parametrize("dims,family,read_format,checkpoint_dtype,kl", VK_CASES)

@@ -1,7 +1,7 @@
 """Gated DeltaNet / KDA replay step in Triton: decode (T = 1) and verify (T tokens).
 
 A step is two launches, one program per (V-tile, value head, row) each (the flush pass: per
-V-tile, value head and one of ``RP`` programs that share the step's flush rows), every launch
+V-tile, value head and one of ``ROW_PROGRAMS`` programs that share the step's flush rows), every launch
 handling only its rows:
 - the non-flush pass (``_delta_decode_kernel`` for T = 1, ``_delta_verify_kernel`` for T > 1)
   streams the read copy (or checkpoint) once and evaluates the tokens in output-only form:
@@ -49,8 +49,9 @@ def _delta_flush_kernel(
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, HAS_QS: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
-    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr, RP: tl.constexpr,
-    RB: tl.constexpr, KL: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr,
+    ROW_CODE_BYTES: tl.constexpr, CODE_MAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr,
+    ROW_PROGRAMS: tl.constexpr,
+    SCAN_ROWS: tl.constexpr, KL: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr,
 ):
     """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
 
@@ -62,8 +63,8 @@ def _delta_flush_kernel(
     tokens are then evaluated from the folded state; on the checkpoint the verify kernel has
     evaluated and appended them (``EVALUATED``), and this pass only folds.
 
-    Grid ``(V / BV, HV, RP)``: program ``rp`` of a (V-tile, head) takes the step's flush rows of
-    rank ``rp``, ``rp + RP``, ... (ranks in row order, found by scanning the cursors in ``RB``-row
+    Grid ``(V / BV, HV, ROW_PROGRAMS)``: program ``rp`` of a (V-tile, head) takes the step's flush rows of
+    rank ``rp``, ``rp + ROW_PROGRAMS``, ... (ranks in row order, found by scanning the cursors in ``SCAN_ROWS``-row
     blocks), so that a step where few rows flush launches no program per row.
 
     ``KL`` > 0 (a checkpoint whose key channels are contiguous, ``[S, HV, V, K]``): the checkpoint
@@ -79,10 +80,10 @@ def _delta_flush_kernel(
     ov = pid_v * BV + tl.arange(0, BV)
     vmask = ov < V
     base = rp * 0                                          # flush rows before the block
-    for r0 in tl.range(0, n, RB, num_stages=1):
-        rows, fl, rank, nf = flush_row_block(slots, num_slots, count_ptr, n, r0, base, T, window, RB)
-        k0, k1 = program_ranks(base, nf, rp, RP)
-        for kf in tl.range(k0, k1, RP, num_stages=1):
+    for r0 in tl.range(0, n, SCAN_ROWS, num_stages=1):
+        rows, fl, rank, nf = flush_row_block(slots, num_slots, count_ptr, n, r0, base, T, window, SCAN_ROWS)
+        k0, k1 = program_ranks(base, nf, rp, ROW_PROGRAMS)
+        for kf in tl.range(k0, k1, ROW_PROGRAMS, num_stages=1):
             i, sl, count, origin = flush_row_of_rank(rows, fl, rank, kf, slots, count_ptr, origin_ptr)
             ok = tl.arange(0, K)
             ck = ckpt + sl * c_s + h * c_h                      # the head's [K, V] checkpoint
@@ -104,7 +105,8 @@ def _delta_flush_kernel(
                 # the history's d came from this checkpoint: fold it as one product
                 hist = e < count
                 pos = (origin + e) % capacity
-                k_hist = tl.load(rk + pos[:, None] * K + ok[None, :], mask=hist[:, None], other=0.0).to(tl.float32)  # [BM, K]
+                k_hist = tl.load(rk + pos[:, None] * K + ok[None, :], mask=hist[:, None],
+                                 other=0.0).to(tl.float32)  # [BM, K]
                 d_hist = tl.load(rd + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :],
                                  other=0.0)                                                         # [BM, BV]
                 if PER_CHANNEL:
@@ -138,7 +140,8 @@ def _delta_flush_kernel(
                       + tl.load(beta + i * be_r + t * be_t + h, mask=~rj, other=0.0).to(tl.float32))
                 if PER_CHANNEL:
                     gj = (tl.load(rg + p * K + ok, mask=(ok < K) & rj, other=0.0)
-                          + tl.load(g + i * g_r + t * g_t + h * g_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
+                          + tl.load(g + i * g_r + t * g_t + h * g_h + ok, mask=(ok < K) & ~rj,
+                                    other=0.0).to(tl.float32))
                     S = S * tl.exp(gj)[:, None]
                 else:
                     gj = (tl.load(rg + p, mask=rj, other=0.0)
@@ -156,8 +159,9 @@ def _delta_flush_kernel(
             stored = round_checkpoint(S, index, sr_base, ep, CKPT_FMT)
             store_ckpt_tile(ck, c_k, c_v, stored, pid_v * BV, V, K, BV, KL)
             if READ_FMT != READ_CHECKPOINT:
-                store_read_copy(rc_codes + head * RC_CW, rc_bs + head * (K // 16), rc_rs + head,
-                                tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, RC_EMAX, BV, K, RC_CW, ROWS_FROM_BLOCKS)
+                store_read_copy(rc_codes + head * ROW_CODE_BYTES, rc_bs + head * (K // 16), rc_rs + head,
+                                tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, CODE_MAX, BV, K, ROW_CODE_BYTES,
+                                ROWS_FROM_BLOCKS)
             if not (COMMITTED or EVALUATED):
                 # a verify's tokens, evaluated from the folded state S (exact): the window is the T tokens
                 wmask = e < T
@@ -275,25 +279,26 @@ def q_factor(ptr, HAS_QS: tl.constexpr):
 
 @triton.jit
 def _fold_rows(ck, c_k, c_v, rk, rg, pos, hist, k_tok, g_tok, d_h, d_t, dec, top, ov, vmask, h, sr_base, ep,
-              K: tl.constexpr, V: tl.constexpr, NF: tl.constexpr, STAGES: tl.constexpr,
+              K: tl.constexpr, V: tl.constexpr, FOLD_CHUNK: tl.constexpr, STAGES: tl.constexpr,
               PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, DOT: tl.constexpr, TOKEN: tl.constexpr):
     """The fold of one flush row's ``[K, BV]`` checkpoint tile (``ck``: its head), streamed in
-    ``NF``-channel chunks: ``S = e^{Γ} S0 + Wᵀ D (+ k dᵀ)`` over the history entries (``hist``, ring
+    ``FOLD_CHUNK``-channel chunks: ``S = e^{Γ} S0 + Wᵀ D (+ k dᵀ)`` over the history entries (``hist``, ring
     positions ``pos``; their d ``d_h [BM, BV]``) and, with ``TOKEN`` (a decode), this token
     (``k_tok``, ``g_tok``, ``d_t``; a verify's tokens stay in the ring), rounded and stored. A scalar
     gate arrives as ``dec = e^{Γ - Γ_j}`` and ``top = e^{Γ}``; per-channel gates are re-read from the
     ring chunk by chunk."""
-    jc = tl.arange(0, NF)
+    jc = tl.arange(0, FOLD_CHUNK)
     # A scalar gate over 16-bit ring keys: the decay moves onto D, so that the keys are exact tf32 operands
     # (dot_fp32: two tf32 products per piece against tf32x3's three)
     DECAY_ON_D: tl.constexpr = (not PER_CHANNEL) and rk.dtype.element_ty.primitive_bitwidth == 16
     if DECAY_ON_D:
         dd = d_h * dec[:, None]                                                                   # [BM, BV]
-    for c in tl.range(0, K // NF, num_stages=STAGES):
-        okc = c * NF + jc
+    for c in tl.range(0, K // FOLD_CHUNK, num_stages=STAGES):
+        okc = c * FOLD_CHUNK + jc
         ptr = ck + okc[:, None] * c_k + ov[None, :] * c_v
-        s0 = tl.load(ptr, mask=vmask[None, :], other=0.0).to(tl.float32)                          # [NF, BV]
-        kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0).to(tl.float32)  # [BM, NF]
+        s0 = tl.load(ptr, mask=vmask[None, :], other=0.0).to(tl.float32)                          # [FOLD_CHUNK, BV]
+        kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None],
+                     other=0.0).to(tl.float32)  # [BM, FOLD_CHUNK]
         if PER_CHANNEL:
             g_hc = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0)
             gt_c = tl.sum(g_hc, axis=0)
@@ -330,15 +335,16 @@ def _delta_decode_kernel(
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, HAS_QS: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
-    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, RC_PW: tl.constexpr, NC: tl.constexpr, STAGES: tl.constexpr,
-    ACC: tl.constexpr, FOLD: tl.constexpr, NF: tl.constexpr, DOT: tl.constexpr, FST: tl.constexpr,
+    ROW_CODE_BYTES: tl.constexpr, CODE_MAX: tl.constexpr, CODES_PER_WORD: tl.constexpr, CHUNK: tl.constexpr,
+    STAGES: tl.constexpr,
+    ACC: tl.constexpr, FOLD: tl.constexpr, FOLD_CHUNK: tl.constexpr, DOT: tl.constexpr, FOLD_STAGES: tl.constexpr,
 ):
     """Non-flush decode rows (T = 1), arguments as ``_delta_flush_kernel``: the state (or read
-    copy) is streamed in ``NC``-key-channel chunks through a ``STAGES``-deep pipeline together with
+    copy) is streamed in ``CHUNK``-key-channel chunks through a ``STAGES``-deep pipeline together with
     the same channels of q, k and the ring's keys (and KDA gates); flush rows are left to the
     flush pass. Output-only form as there, with the window entries e < count from the ring.
-    An NVFP4 read copy moves as 32-bit words of ``RC_PW`` = 8 codes, decoded in registers
-    column-strided; fp8 (``RC_PW`` = 1) as bytes, one per channel. ``ACC``: the chunks' products
+    An NVFP4 read copy moves as 32-bit words of ``CODES_PER_WORD`` = 8 codes, decoded in registers
+    column-strided; fp8 (``CODES_PER_WORD`` = 1) as bytes, one per channel. ``ACC``: the chunks' products
     are summed elementwise and reduced over channels once after the stream (fewer cross-lane
     reductions where the channels lie across lanes: a [S, HV, V, K] checkpoint, the read copies),
     instead of once per chunk.
@@ -348,8 +354,8 @@ def _delta_decode_kernel(
 
     ``FOLD`` (checkpoint read format only): the flush rows too, so that a decode step is this one
     launch. A flush row runs the pass above (this token's d and output in output-only form), then
-    streams its checkpoint again (the chunks are still in L2) in ``NF``-channel chunks through an
-    ``FST``-deep pipeline and folds the window, history and this token: ``S = e^{Γ} S0 + Wᵀ D`` with
+    streams its checkpoint again (the chunks are still in L2) in ``FOLD_CHUNK``-channel chunks through an
+    ``FOLD_STAGES``-deep pipeline and folds the window, history and this token: ``S = e^{Γ} S0 + Wᵀ D`` with
     ``W_j = e^{Γ - Γ_j} ⊙ k_j`` (one ``tl.dot`` per chunk at precision ``DOT``), rounds and stores it.
     The cached d are the recurrence's own because they came from this checkpoint. That second
     stream sits behind a branch on the row's cursor: non-flush rows skip it."""
@@ -392,73 +398,76 @@ def _delta_decode_kernel(
     ck_ = tl.zeros([BM], dtype=tl.float32)                 # history coefficients for u
     cq = tl.zeros([BM], dtype=tl.float32)                  # history coefficients for the output
     kq = tl.zeros([1], dtype=tl.float32)                   # this token's own k . q
-    jw = tl.arange(0, NC // RC_PW)
+    jw = tl.arange(0, CHUNK // CODES_PER_WORD)
     if READ_FMT == READ_CHECKPOINT:                       # ACC: the chunks' products summed elementwise,
-        au = tl.zeros([NC, BV], dtype=tl.float32)          # reduced over channels once after the stream
-        ar = tl.zeros([NC, BV], dtype=tl.float32)
+        au = tl.zeros([CHUNK, BV], dtype=tl.float32)          # reduced over channels once after the stream
+        ar = tl.zeros([CHUNK, BV], dtype=tl.float32)
     else:
-        au = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
-        ar = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
-    ahk = tl.zeros([BM, NC // RC_PW], dtype=tl.float32)    # ACC: the history coefficients' products
-    ahq = tl.zeros([BM, NC // RC_PW], dtype=tl.float32)
-    akq = tl.zeros([NC // RC_PW], dtype=tl.float32)
-    for c in tl.range(0, K // NC, num_stages=STAGES):
-        # chunk c as [BV, NC / PW] tiles; element w of word j is key channel c NC + j PW + w (PW = 1: fp32)
-        if READ_FMT == READ_CHECKPOINT:                   # [NC, BV]: channels down, as the state
-            tile = tl.load(ckpt + sl * c_s + h * c_h + (c * NC + jw)[:, None] * c_k + ov[None, :] * c_v,
+        au = tl.zeros([BV, CHUNK // CODES_PER_WORD], dtype=tl.float32)
+        ar = tl.zeros([BV, CHUNK // CODES_PER_WORD], dtype=tl.float32)
+    ahk = tl.zeros([BM, CHUNK // CODES_PER_WORD], dtype=tl.float32)    # ACC: the history coefficients' products
+    ahq = tl.zeros([BM, CHUNK // CODES_PER_WORD], dtype=tl.float32)
+    akq = tl.zeros([CHUNK // CODES_PER_WORD], dtype=tl.float32)
+    for c in tl.range(0, K // CHUNK, num_stages=STAGES):
+        # chunk c as [BV, CHUNK / PW] tiles; element w of word j is key channel c CHUNK + j PW + w (PW = 1: fp32)
+        if READ_FMT == READ_CHECKPOINT:                   # [CHUNK, BV]: channels down, as the state
+            tile = tl.load(ckpt + sl * c_s + h * c_h + (c * CHUNK + jw)[:, None] * c_k + ov[None, :] * c_v,
                            mask=amask[None, :], other=0.0)
-        elif RC_PW == 1:                                   # fp8 bytes, decoded and scaled here
-            tile = load_read_copy(rc_codes + head * RC_CW + c * NC, rc_bs + head * (K // 16) + c * (NC // 16),
-                                  rc_rs + head, ov, amask, READ_FMT, BV, NC, RC_CW, K // 16)
+        elif CODES_PER_WORD == 1:                                   # fp8 bytes, decoded and scaled here
+            tile = load_read_copy(rc_codes + head * ROW_CODE_BYTES + c * CHUNK,
+                                  rc_bs + head * (K // 16) + c * (CHUNK // 16),
+                                  rc_rs + head, ov, amask, READ_FMT, BV, CHUNK, ROW_CODE_BYTES, K // 16)
         else:
-            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (K // 16), ov, amask, c,
-                                           K, RC_CW, NC, RC_PW, NC // RC_PW)
+            tile, bscale = load_read_words(rc_codes + head * ROW_CODE_BYTES, rc_bs + head * (K // 16), ov, amask, c,
+                                           K, ROW_CODE_BYTES, CHUNK, CODES_PER_WORD, CHUNK // CODES_PER_WORD)
         if READ_FMT == READ_CHECKPOINT:
-            pu = tl.zeros([NC, BV], dtype=tl.float32)
-            pr = tl.zeros([NC, BV], dtype=tl.float32)
+            pu = tl.zeros([CHUNK, BV], dtype=tl.float32)
+            pr = tl.zeros([CHUNK, BV], dtype=tl.float32)
         else:
-            pu = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
-            pr = tl.zeros([BV, NC // RC_PW], dtype=tl.float32)
-        if RC_PW > 1:
+            pu = tl.zeros([BV, CHUNK // CODES_PER_WORD], dtype=tl.float32)
+            pr = tl.zeros([BV, CHUNK // CODES_PER_WORD], dtype=tl.float32)
+        if CODES_PER_WORD > 1:
             # NVFP4 words: q, k, the ring's keys (KDA: gates) on the chunk's contiguous channels (coalesced
             # loads), the history coefficients once per chunk, then each word element's factors picked in
             # registers (loaded per element they were 8 channels apart, one load per element and ring entry)
-            okf = c * NC + tl.arange(0, NC)
+            okf = c * CHUNK + tl.arange(0, CHUNK)
             k_f = tl.load(k + i * k_r + hk * k_h + okf)
             kf = k_f.to(tl.float32)
             qf = tl.load(q + i * q_r + hk * q_h + okf).to(tl.float32)
             dec_f = tl.load(rk + pos[:, None] * K + okf[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
             if PER_CHANNEL:
                 g_f = tl.load(g + i * g_r + h * g_h + okf).to(tl.float32)
-                g_hf = tl.load(rg + pos[:, None] * K + okf[None, :], mask=hist[:, None], other=0.0)   # [BM, NC]
+                g_hf = tl.load(rg + pos[:, None] * K + okf[None, :], mask=hist[:, None], other=0.0)   # [BM, CHUNK]
                 gt_f = tl.sum(g_hf, axis=0) + g_f
                 dec_f *= tl.where(hist[:, None], tl.exp(tl.minimum(gt_f[None, :] - tl.cumsum(g_hf, axis=0), 0.0)),
                                   0.0)
                 ef = tl.exp(gt_f)
-                kk2 = tl.reshape(ef * kf, [NC // RC_PW, RC_PW])   # [j, w]: channel c NC + j PW + w
-                qq2 = tl.reshape(ef * qf, [NC // RC_PW, RC_PW])
+                kk2 = tl.reshape(ef * kf, [CHUNK // CODES_PER_WORD,
+                                           CODES_PER_WORD])  # [j, w]: channel c CHUNK + j PW + w
+                qq2 = tl.reshape(ef * qf, [CHUNK // CODES_PER_WORD, CODES_PER_WORD])
                 tl.store(rg + tok * K + okf, g_f, mask=active & (pid_v == 0))
             else:
-                kk2 = tl.reshape(kf, [NC // RC_PW, RC_PW])
-                qq2 = tl.reshape(qf, [NC // RC_PW, RC_PW])
+                kk2 = tl.reshape(kf, [CHUNK // CODES_PER_WORD, CODES_PER_WORD])
+                qq2 = tl.reshape(qf, [CHUNK // CODES_PER_WORD, CODES_PER_WORD])
             ck_ += tl.sum(dec_f * kf[None, :], axis=1)
             cq += tl.sum(dec_f * qf[None, :], axis=1)
             kq += tl.sum(kf * qf, axis=0)
             tl.store(rk + tok * K + okf, k_f, mask=append_k)
-        for w in tl.static_range(RC_PW):
-            S0 = word_values(tile, w, READ_FMT if RC_PW > 1 else READ_CHECKPOINT)   # [NC, BV] or [BV, NC / PW]
-            if RC_PW > 1:
-                pu += S0 * word_element(kk2, w, RC_PW)[None, :]
-                pr += S0 * word_element(qq2, w, RC_PW)[None, :]
+        for w in tl.static_range(CODES_PER_WORD):
+            S0 = word_values(tile, w,
+                             READ_FMT if CODES_PER_WORD > 1 else READ_CHECKPOINT)  # [CHUNK, BV] or [BV, CHUNK / PW]
+            if CODES_PER_WORD > 1:
+                pu += S0 * word_element(kk2, w, CODES_PER_WORD)[None, :]
+                pr += S0 * word_element(qq2, w, CODES_PER_WORD)[None, :]
             else:
-                okc = c * NC + jw * RC_PW + w
+                okc = c * CHUNK + jw * CODES_PER_WORD + w
                 k_raw = tl.load(k + i * k_r + hk * k_h + okc)
                 kt = k_raw.to(tl.float32)
                 qt = tl.load(q + i * q_r + hk * q_h + okc).to(tl.float32)
                 kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0).to(tl.float32)
                 if PER_CHANNEL:
                     g_c = tl.load(g + i * g_r + h * g_h + okc).to(tl.float32)
-                    g_hc = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0)  # [BM, NC]
+                    g_hc = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None], other=0.0)  # [BM, CHUNK]
                     gt_c = tl.sum(g_hc, axis=0) + g_c
                     dec = tl.where(hist[:, None], tl.exp(tl.minimum(gt_c[None, :] - tl.cumsum(g_hc, axis=0), 0.0)),
                                    0.0) * kh
@@ -485,7 +494,7 @@ def _delta_decode_kernel(
                     cq += tl.sum(hq_, axis=1)
                     kq += tl.sum(kt * qt, axis=0)
                 tl.store(rk + tok * K + okc, k_raw, mask=(okc < K) & append_k)
-        if RC_PW > 1:
+        if CODES_PER_WORD > 1:
             pu *= bscale
             pr *= bscale
         if ACC:
@@ -500,11 +509,11 @@ def _delta_decode_kernel(
     if ACC:
         u = tl.sum(au, axis=0 if READ_FMT == READ_CHECKPOINT else 1)
         r = tl.sum(ar, axis=0 if READ_FMT == READ_CHECKPOINT else 1)
-        if RC_PW == 1:                                     # words sum the coefficients in place
+        if CODES_PER_WORD == 1:                                     # words sum the coefficients in place
             ck_ += tl.sum(ahk, axis=1)
             cq += tl.sum(ahq, axis=1)
             kq += tl.sum(akq, axis=0)
-    if RC_PW > 1:
+    if CODES_PER_WORD > 1:
         rsc = tl.load(rc_rs + head + ov, mask=vmask, other=0.0)
         u *= rsc
         r *= rsc
@@ -523,7 +532,7 @@ def _delta_decode_kernel(
             _fold_rows(ckpt + sl * c_s + h * c_h, c_k, c_v, rk, rg, pos, hist, k + i * k_r + hk * k_h,
                       g + i * g_r + h * g_h, d_h, d_t, hist if PER_CHANNEL else dec, 1.0 if PER_CHANNEL else top,
                       ov, vmask, h, sr_base, tl.load(epoch_ptr + sl),
-                      K, V, NF, FST, PER_CHANNEL, CKPT_FMT, DOT, True)
+                      K, V, FOLD_CHUNK, FOLD_STAGES, PER_CHANNEL, CKPT_FMT, DOT, True)
     tl.store(out + i * o_r + h * o_h + ov, tl.where(valid, o, 0.0).to(out.dtype.element_ty),
              mask=vmask & (active | ~valid))
     tl.store(rd + tok * V + ov, d_t, mask=vmask & active)
@@ -551,22 +560,23 @@ def _delta_verify_kernel(
     T: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, HAS_QS: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
-    RC_CW: tl.constexpr, RC_EMAX: tl.constexpr, RC_PW: tl.constexpr, NC: tl.constexpr, NWP: tl.constexpr,
-    STAGES: tl.constexpr, TT: tl.constexpr,
+    ROW_CODE_BYTES: tl.constexpr, CODE_MAX: tl.constexpr, CODES_PER_WORD: tl.constexpr, CHUNK: tl.constexpr,
+    CHUNK_WORDS: tl.constexpr,
+    STAGES: tl.constexpr, PADDED_T: tl.constexpr,
     DOT: tl.constexpr, FOLD: tl.constexpr,
 ):
-    """Non-flush verify rows (T > 1; ``TT``: T padded to a power of two, at least the tile's ``tokens``),
+    """Non-flush verify rows (T > 1; ``PADDED_T``: T padded to a power of two, at least the tile's ``tokens``),
     arguments as ``_delta_flush_kernel``.
 
-    One pass over the state (or read copy) in ``NC``-channel chunks builds, with ``dot_fp32`` at
+    One pass over the state (or read copy) in ``CHUNK``-channel chunks builds, with ``dot_fp32`` at
     precision ``DOT`` ("ieee" fp32 or "tf32x3", fp32-accurate on tensor cores, in fewer passes on
     operands that tf32 holds exactly):
-    ``U = S0ᵀ(e^{Γ_t} ⊙ k_t)``, ``R = S0ᵀ(e^{Γ_t} ⊙ q_t)`` ``[BV, TT]``, the decayed key
-    products of history entries with the tokens ``[BM, TT]`` and of tokens with tokens ``[TT, TT]``.
+    ``U = S0ᵀ(e^{Γ_t} ⊙ k_t)``, ``R = S0ᵀ(e^{Γ_t} ⊙ q_t)`` ``[BV, PADDED_T]``, the decayed key
+    products of history entries with the tokens ``[BM, PADDED_T]`` and of tokens with tokens ``[PADDED_T, PADDED_T]``.
     Then the tokens' d solve forward (``d_t = β_t (v_t - U_t - Σ_e c_et d_e)``, T steps on
     ``[BV]`` vectors), ``O = scale (R + D_hist C_q + D_tok N_q)``. KDA's per-channel decays enter
     the products factored at the history's end (both factors <= 1) for history pairs, and pair
-    by pair for token pairs (``[16, TT, TT]`` blocks of 16 channels, before the stream). Writes
+    by pair for token pairs (``[16, PADDED_T, PADDED_T]`` blocks of 16 channels, before the stream). Writes
     outputs, the tokens' d and ring entries only.
 
     On the checkpoint the flush rows are evaluated here too (their history, up to ``L - 1``
@@ -588,7 +598,7 @@ def _delta_verify_kernel(
     e = tl.arange(0, BM)
     hist = (e < count) & active
     pos = (origin + e) % capacity
-    tt = tl.arange(0, TT)
+    tt = tl.arange(0, PADDED_T)
     tmask = tt < T
     tpos = (origin + count + tt) % capacity               # ring entries the tokens are appended at
     hk = h // (HV // HK)
@@ -609,61 +619,61 @@ def _delta_verify_kernel(
     else:
         rg = ring_g + (sl * HV + h) * capacity
         g_h = tl.load(rg + pos, mask=hist, other=0.0)
-        g_tok = tl.load(g + i * g_r + tt * g_t + h, mask=tmask, other=0.0).to(tl.float32)       # [TT]
+        g_tok = tl.load(g + i * g_r + tt * g_t + h, mask=tmask, other=0.0).to(tl.float32)       # [PADDED_T]
         gam_h = tl.cumsum(g_h, axis=0)                                                        # [BM]
-        gam_t = tl.sum(g_h, axis=0) + tl.cumsum(g_tok, axis=0)                                # [TT]
-    NK = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (keys)
-    NQ = tl.zeros([TT, TT], dtype=tl.float32)             # token s . token t (queries)
+        gam_t = tl.sum(g_h, axis=0) + tl.cumsum(g_tok, axis=0)                                # [PADDED_T]
+    NK = tl.zeros([PADDED_T, PADDED_T], dtype=tl.float32)             # token s . token t (keys)
+    NQ = tl.zeros([PADDED_T, PADDED_T], dtype=tl.float32)             # token s . token t (queries)
     if PER_CHANNEL:
         # token pairs s <= t under per-channel decays: e^{Γ_t - Γ_s} <= 1 taken pair by pair (a factored form
-        # over- / underflows under strong decays) in [PC, TT, TT] blocks of PC channels, before the state
+        # over- / underflows under strong decays) in [PC, PADDED_T, PADDED_T] blocks of PC channels, before the state
         # stream so that the blocks are not live beside its accumulators
         PC: tl.constexpr = 16
         jp = tl.arange(0, PC)
-        pair = (tt[:, None] <= tt[None, :])[None, :, :]                                      # [1, TT, TT]
+        pair = (tt[:, None] <= tt[None, :])[None, :, :]                                      # [1, PADDED_T, PADDED_T]
         tp = tmask[None, :]
         for c in tl.range(0, K // PC):
             okp = c * PC + jp
             kP = tl.load(k + i * k_r + tt[None, :] * k_t + hk * k_h + okp[:, None], mask=tp,
-                         other=0.0).to(tl.float32)                                              # [PC, TT]
+                         other=0.0).to(tl.float32)                                              # [PC, PADDED_T]
             qP = tl.load(q + i * q_r + tt[None, :] * q_t + hk * q_h + okp[:, None], mask=tp,
                          other=0.0).to(tl.float32)
             gP = tl.cumsum(tl.load(g + i * g_r + tt[None, :] * g_t + h * g_h + okp[:, None], mask=tp,
                                    other=0.0).to(tl.float32), axis=1)
             w3 = tl.where(pair, tl.exp(tl.minimum(gP[:, None, :] - gP[:, :, None], 0.0)), 0.0) * kP[:, :, None]
-            NK += tl.sum(w3 * kP[:, None, :], axis=0)                                      # [TT(s), TT(t)]
+            NK += tl.sum(w3 * kP[:, None, :], axis=0)                                      # [PADDED_T(s), PADDED_T(t)]
             NQ += tl.sum(w3 * qP[:, None, :], axis=0)
     d_h = tl.load(rd + pos[None, :] * V + ov[:, None], mask=hist[None, :] & vmask[:, None], other=0.0)  # [BV, BM]
-    U = tl.zeros([BV, TT], dtype=tl.float32)
-    R = tl.zeros([BV, TT], dtype=tl.float32)
-    HK_ = tl.zeros([BM, TT], dtype=tl.float32)            # history entry e . token t (keys)
-    HQ = tl.zeros([BM, TT], dtype=tl.float32)             # history entry e . token t (queries)
-    jw = tl.arange(0, NWP)
-    wmask = jw < NC // RC_PW
-    for c in tl.range(0, K // NC, num_stages=STAGES):
+    U = tl.zeros([BV, PADDED_T], dtype=tl.float32)
+    R = tl.zeros([BV, PADDED_T], dtype=tl.float32)
+    HK_ = tl.zeros([BM, PADDED_T], dtype=tl.float32)            # history entry e . token t (keys)
+    HQ = tl.zeros([BM, PADDED_T], dtype=tl.float32)             # history entry e . token t (queries)
+    jw = tl.arange(0, CHUNK_WORDS)
+    wmask = jw < CHUNK // CODES_PER_WORD
+    for c in tl.range(0, K // CHUNK, num_stages=STAGES):
         if READ_FMT == READ_CHECKPOINT:
-            tile = tl.load(ckpt + sl * c_s + h * c_h + (c * NC + jw)[None, :] * c_k + ov[:, None] * c_v,
+            tile = tl.load(ckpt + sl * c_s + h * c_h + (c * CHUNK + jw)[None, :] * c_k + ov[:, None] * c_v,
                            mask=amask[:, None] & wmask[None, :], other=0.0)
         else:
-            tile, bscale = load_read_words(rc_codes + head * RC_CW, rc_bs + head * (K // 16), ov, amask, c,
-                                           K, RC_CW, NC, RC_PW, NWP)
-        for w in tl.static_range(RC_PW):
-            okc = c * NC + jw * RC_PW + w                                                     # [NWP]
-            S0 = word_values(tile, w, READ_FMT)                                               # [BV, NWP]
+            tile, bscale = load_read_words(rc_codes + head * ROW_CODE_BYTES, rc_bs + head * (K // 16), ov, amask, c,
+                                           K, ROW_CODE_BYTES, CHUNK, CODES_PER_WORD, CHUNK_WORDS)
+        for w in tl.static_range(CODES_PER_WORD):
+            okc = c * CHUNK + jw * CODES_PER_WORD + w  # [CHUNK_WORDS]
+            S0 = word_values(tile, w, READ_FMT)                                               # [BV, CHUNK_WORDS]
             if READ_FMT != READ_CHECKPOINT:
                 S0 = S0 * bscale
             tw = wmask[:, None] & tmask[None, :]
             k_raw = tl.load(k + i * k_r + tt[None, :] * k_t + hk * k_h + okc[:, None], mask=tw, other=0.0)
-            kT = k_raw.to(tl.float32)                                                         # [NWP, TT]
+            kT = k_raw.to(tl.float32)                                                         # [CHUNK_WORDS, PADDED_T]
             qT = tl.load(q + i * q_r + tt[None, :] * q_t + hk * q_h + okc[:, None], mask=tw, other=0.0).to(tl.float32)
             kh = tl.load(rk + pos[:, None] * K + okc[None, :], mask=hist[:, None] & wmask[None, :],
-                         other=0.0).to(tl.float32)                                            # [BM, NWP]
+                         other=0.0).to(tl.float32)                                            # [BM, CHUNK_WORDS]
             if PER_CHANNEL:
                 gh = tl.load(rg + pos[:, None] * K + okc[None, :], mask=hist[:, None] & wmask[None, :], other=0.0)
                 gT = tl.load(g + i * g_r + tt[None, :] * g_t + h * g_h + okc[:, None], mask=tw,
-                             other=0.0).to(tl.float32)                                        # [NWP, TT]
-                gc = tl.sum(gh, axis=0)                                                       # [NWP] history total
-                gam_T = tl.cumsum(gT, axis=1)                                                 # [NWP, TT] after gc
+                             other=0.0).to(tl.float32)                                        # [CHUNK_WORDS, PADDED_T]
+                gc = tl.sum(gh, axis=0)  # [CHUNK_WORDS] history total
+                gam_T = tl.cumsum(gT, axis=1)  # [CHUNK_WORDS, PADDED_T] after gc
                 f_t = tl.exp(gam_T)                                                           # <= 1
                 kh_s = kh * tl.exp(gc[None, :] - tl.cumsum(gh, axis=0))                       # <= 1 factors
                 U = dot_fp32(S0, kT * (f_t * tl.exp(gc)[:, None]), U, S_EX, False, DOT)
@@ -672,7 +682,7 @@ def _delta_verify_kernel(
                 HQ += tl.dot(kh_s, qT * f_t, input_precision=DOT)
                 tl.store(rg + tpos[None, :] * K + okc[:, None], gT, mask=tw & active & (pid_v == 0))
             else:
-                kS = tl.trans(kT)                                                             # [TT, NWP]
+                kS = tl.trans(kT)                                                             # [PADDED_T, CHUNK_WORDS]
                 U = dot_fp32(S0, kT, U, S_EX, K_EX, DOT)
                 R = dot_fp32(S0, qT, R, S_EX, Q_EX, DOT)
                 HK_ = dot_fp32(kh, kT, HK_, RK_EX, K_EX, DOT)
@@ -685,7 +695,7 @@ def _delta_verify_kernel(
         U *= rsc
         R *= rsc
     if not PER_CHANNEL:
-        top = tl.exp(gam_t)[None, :]                                                          # [1, TT]
+        top = tl.exp(gam_t)[None, :]                                                          # [1, PADDED_T]
         U *= top
         R *= top
         hdec = tl.where(hist[:, None], tl.exp(tl.minimum(gam_t[None, :] - gam_h[:, None], 0.0)), 0.0)
@@ -696,26 +706,27 @@ def _delta_verify_kernel(
         NQ *= ndec
     # tokens' d, in order: d_t = beta_t (v_t - U_t - history term - earlier tokens' term)
     io = vmask[:, None] & tmask[None, :]
-    v_raw = tl.load(v + i * v_r + tt[None, :] * v_t + h * v_h + ov[:, None], mask=io, other=0.0)   # [BV, TT]
-    bt = tl.load(beta + i * be_r + tt * be_t + h, mask=tmask, other=0.0).to(tl.float32)            # [TT]
+    v_raw = tl.load(v + i * v_r + tt[None, :] * v_t + h * v_h + ov[:, None], mask=io, other=0.0)   # [BV, PADDED_T]
+    bt = tl.load(beta + i * be_r + tt * be_t + h, mask=tmask, other=0.0).to(tl.float32)            # [PADDED_T]
     Ub = v_raw.to(tl.float32) - U - tl.dot(d_h, HK_, input_precision=DOT)
     NK = tl.where(tt[:, None] < tt[None, :], NK, 0.0)                                       # strictly earlier
-    Dt = tl.zeros([BV, TT], dtype=tl.float32)
+    Dt = tl.zeros([BV, PADDED_T], dtype=tl.float32)
     O = R + tl.dot(d_h, HQ, input_precision=DOT)
     for t in tl.static_range(T):
         col = (tt == t)[None, :]
-        nk_t = tl.sum(tl.where(col, NK, 0.0), axis=1)                                       # [TT] over s
+        nk_t = tl.sum(tl.where(col, NK, 0.0), axis=1)                                       # [PADDED_T] over s
         u_t = tl.sum(tl.where(col, Ub, 0.0), axis=1) - tl.sum(Dt * nk_t[None, :], axis=1)
         b_t = tl.sum(tl.where(tt == t, bt, 0.0), axis=0)
         d_t = b_t * u_t                                                                     # [BV]
         Dt = tl.where(col, d_t[:, None], Dt)
-        # token t's term in every output (no tl.dot over TT: its K dimension would be T padded)
+        # token t's term in every output (no tl.dot over PADDED_T: its K dimension would be T padded)
         O += d_t[:, None] * tl.sum(tl.where((tt == t)[:, None], NQ, 0.0), axis=0)[None, :]
     if HAS_QS:
         O *= scale * tl.load(qs + i * qs_r + tt * qs_t + hk * qs_h, mask=tmask, other=0.0)[None, :]
     else:
         O *= scale
-    tl.store(out + i * o_r + tt[None, :] * o_t + h * o_h + ov[:, None], tl.where(valid, O, 0.0).to(out.dtype.element_ty),
+    tl.store(out + i * o_r + tt[None, :] * o_t + h * o_h + ov[:, None], tl.where(valid, O,
+                                                                                 0.0).to(out.dtype.element_ty),
              mask=io & (active | ~valid))
     tl.store(rd + tpos[None, :] * V + ov[:, None], Dt, mask=io & active)
     tl.store(rv + tpos[None, :] * V + ov[:, None], v_raw, mask=io & active)

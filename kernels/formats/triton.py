@@ -166,7 +166,8 @@ def quantize_rows(x, amax_r, FMT: tl.constexpr, EMAX: tl.constexpr, R: tl.conste
     amax_b = tl.max(tl.abs(xb), axis=2)
     row_scale = row_scale_of(amax_r, EMAX)
     safe_row = tl.where(row_scale > 0, row_scale, 1.0)
-    block_scale = e4m3_encode(tl.minimum(tl.math.div_rn(amax_b, tl.broadcast_to(EMAX * safe_row[:, None], amax_b.shape)), 448.0)).to(tl.uint8)
+    block_scale = e4m3_encode(tl.minimum(tl.math.div_rn(amax_b, tl.broadcast_to(EMAX * safe_row[:, None],
+                                                                                amax_b.shape)), 448.0)).to(tl.uint8)
     denom = e4m3_decode(block_scale) * row_scale[:, None]
     inv = tl.where(denom > 0, tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), tl.where(denom > 0, denom, 1.0)),
                    0.0)                                   # one IEEE division per block
@@ -220,25 +221,25 @@ def load_read_copy(codes_ptr, bs_ptr, rs_ptr, rows, row_mask, FMT: tl.constexpr,
 
 @triton.jit
 def load_read_words(codes_ptr, bs_ptr, rows, row_mask, c, COLS: tl.constexpr, CW: tl.constexpr,
-                    NC: tl.constexpr, PW: tl.constexpr, NWP: tl.constexpr):
-    """Chunk ``c`` (columns ``[c NC, (c + 1) NC)``) of rows ``rows [R]`` of a read copy as 32-bit words.
+                    CHUNK: tl.constexpr, PW: tl.constexpr, CHUNK_WORDS: tl.constexpr):
+    """Chunk ``c`` (columns ``[c CHUNK, (c + 1) CHUNK)``) of rows ``rows [R]`` of a read copy as 32-bit words.
 
-    Returns ``(words int32 [R, NWP], block scales fp32 [R, NWP])``: word j < NC / PW holds the
-    ``PW`` columns ``c NC + j PW + w`` (w < PW; PW = 4 for fp8, 8 for nvfp4), read with
+    Returns ``(words int32 [R, CHUNK_WORDS], block scales fp32 [R, CHUNK_WORDS])``: word j < CHUNK / PW holds the
+    ``PW`` columns ``c CHUNK + j PW + w`` (w < PW; PW = 4 for fp8, 8 for nvfp4), read with
     :func:`word_values`; its block scale is the one of all of them (16 divides every word's
-    first column), times 2^14 for nvfp4, whose word values come as e2m1 x 2^-14. ``NWP >= NC / PW``
+    first column), times 2^14 for nvfp4, whose word values come as e2m1 x 2^-14. ``CHUNK_WORDS >= CHUNK / PW``
     pads the tile with zero words (tl.dot needs 16).
     Pointers as in :func:`load_read_copy`, rows ``CW`` code bytes apart. Word loads are 4-byte
     aligned (a row's code bytes are a multiple of 4), so they pipeline.
     """
-    jw = tl.arange(0, NWP)
+    jw = tl.arange(0, CHUNK_WORDS)
     mask = row_mask[:, None]
-    if NWP > NC // PW:
-        mask = mask & (jw < NC // PW)[None, :]
-    words = tl.load(codes_ptr.to(tl.pointer_type(tl.int32)) + rows[:, None] * (CW // 4) + c * (NC // PW)
+    if CHUNK_WORDS > CHUNK // PW:
+        mask = mask & (jw < CHUNK // PW)[None, :]
+    words = tl.load(codes_ptr.to(tl.pointer_type(tl.int32)) + rows[:, None] * (CW // 4) + c * (CHUNK // PW)
                     + jw[None, :], mask=mask, other=0)
     bs = tl.load(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * (COLS // 16)
-                 + ((c * NC + jw * PW) // 16)[None, :], mask=mask, other=0)
+                 + ((c * CHUNK + jw * PW) // 16)[None, :], mask=mask, other=0)
     if PW == 8:
         return words, e4m3_decode(bs) * 16384.0
     return words, e4m3_decode(bs)
@@ -273,8 +274,8 @@ def word_values(words, w: tl.constexpr, FMT: tl.constexpr):
 
 @triton.jit
 def word_element(factors, w: tl.constexpr, PW: tl.constexpr):
-    """Column ``w`` of ``factors [NC / PW, PW]`` (a chunk's per-channel factors reshaped so that
-    ``[j, w]`` is channel ``j PW + w``): ``[NC / PW]``, the factor of element ``w`` of every word of
+    """Column ``w`` of ``factors [CHUNK / PW, PW]`` (a chunk's per-channel factors reshaped so that
+    ``[j, w]`` is channel ``j PW + w``): ``[CHUNK / PW]``, the factor of element ``w`` of every word of
     :func:`load_read_words`, picked in registers from factors loaded on contiguous channels."""
     return tl.sum(tl.where(tl.arange(0, PW)[None, :] == w, factors, 0.0), axis=1)
 
@@ -305,18 +306,18 @@ def store_read_rows_scale(rs_ptr, amax_r, rows, row_mask, EMAX: tl.constexpr):
 
 @triton.jit
 def store_read_chunk(codes_ptr, bs_ptr, x, amax_r, rows, row_mask, c, FMT: tl.constexpr, EMAX: tl.constexpr,
-                     R: tl.constexpr, NC: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr):
-    """Encode columns ``[c NC, (c + 1) NC)`` of rows ``rows`` (``x [R, NC]`` fp32; whole-row maxima
+                     R: tl.constexpr, CHUNK: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr):
+    """Encode columns ``[c CHUNK, (c + 1) CHUNK)`` of rows ``rows`` (``x [R, CHUNK]`` fp32; whole-row maxima
     ``amax_r [R]``) and store their codes and block scales; the same bytes as encoding whole rows
-    (``NC`` a multiple of 16). Row scales: :func:`store_read_rows_scale`."""
-    codes, bs, _ = quantize_rows(x, amax_r, FMT, EMAX, R, NC)
+    (``CHUNK`` a multiple of 16). Row scales: :func:`store_read_rows_scale`."""
+    codes, bs, _ = quantize_rows(x, amax_r, FMT, EMAX, R, CHUNK)
     if FMT == READ_FP8:
-        oc = c * NC + tl.arange(0, NC)
+        oc = c * CHUNK + tl.arange(0, CHUNK)
     else:
-        oc = c * (NC // 2) + tl.arange(0, NC // 2)
+        oc = c * (CHUNK // 2) + tl.arange(0, CHUNK // 2)
     tl.store(codes_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * CW + oc[None, :], codes,
              mask=row_mask[:, None])
-    ob = c * (NC // 16) + tl.arange(0, NC // 16)
+    ob = c * (CHUNK // 16) + tl.arange(0, CHUNK // 16)
     tl.store(bs_ptr.to(tl.pointer_type(tl.uint8)) + rows[:, None] * (COLS // 16) + ob[None, :], bs,
              mask=row_mask[:, None])
 
@@ -340,8 +341,8 @@ def _store_checkpoint_kernel(
     codes, block_scale, row_scale,             # read copy of one layer, contiguous [S, heads, rows, ...]
     epoch, sr_base,                            # [S + 1] int32; uint32 scalar
     HEADS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, BR: tl.constexpr,
-    IS_DELTA: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr,
-    RC_EMAX: tl.constexpr,
+    IS_DELTA: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, ROW_CODE_BYTES: tl.constexpr,
+    CODE_MAX: tl.constexpr,
 ):
     # Read layout [rows, cols]: Mamba-2 [P, N] = canonical; delta [V, K] = canonical [K, V] transposed.
     pid_r, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -361,8 +362,8 @@ def _store_checkpoint_kernel(
     tl.store(ckpt + slot * c_s + h * c_h + off_a * c_a + off_b * c_b, stored, mask=rmask[:, None])
     if READ_FMT != READ_CHECKPOINT:
         head = (slot * HEADS + h) * ROWS
-        store_read_copy(codes + head * RC_CW, block_scale + head * (COLS // 16), row_scale + head,
-                        stored.to(tl.float32), rows, rmask, READ_FMT, RC_EMAX, BR, COLS, RC_CW, False)
+        store_read_copy(codes + head * ROW_CODE_BYTES, block_scale + head * (COLS // 16), row_scale + head,
+                        stored.to(tl.float32), rows, rmask, READ_FMT, CODE_MAX, BR, COLS, ROW_CODE_BYTES, False)
 
 
 @triton.jit
@@ -371,7 +372,7 @@ def _refresh_read_copy_kernel(
     slots,                                     # [r] int64, slots of the pool
     codes, block_scale, row_scale,             # read copy of one layer, contiguous [S, heads, rows, ...]
     HEADS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, BR: tl.constexpr,
-    IS_DELTA: tl.constexpr, READ_FMT: tl.constexpr, RC_CW: tl.constexpr, RC_EMAX: tl.constexpr,
+    IS_DELTA: tl.constexpr, READ_FMT: tl.constexpr, ROW_CODE_BYTES: tl.constexpr, CODE_MAX: tl.constexpr,
 ):
     # program (row tile, head, slot): BR read rows of one (slot, head), re-encoded from the stored
     # checkpoint; read layout [rows, cols] as in _store_checkpoint_kernel
@@ -386,5 +387,6 @@ def _refresh_read_copy_kernel(
         off_a, off_b = rows[:, None], cols[None, :]       # a = p (row), b = n (col)
     x = tl.load(ckpt + slot * c_s + h * c_h + off_a * c_a + off_b * c_b, mask=rmask[:, None], other=0.0)
     head = (slot * HEADS + h) * ROWS
-    store_read_copy(codes + head * RC_CW, block_scale + head * (COLS // 16), row_scale + head, x.to(tl.float32),
-                    rows, rmask, READ_FMT, RC_EMAX, BR, COLS, RC_CW, False)
+    store_read_copy(codes + head * ROW_CODE_BYTES, block_scale + head * (COLS // 16), row_scale + head,
+                    x.to(tl.float32),
+                    rows, rmask, READ_FMT, CODE_MAX, BR, COLS, ROW_CODE_BYTES, False)

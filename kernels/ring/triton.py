@@ -37,12 +37,12 @@ def row_route(slots, i, num_slots, count_ptr, T: tl.constexpr, window):
 
 
 @triton.jit
-def flush_row_block(slots, num_slots, count_ptr, n, r0, base, T: tl.constexpr, window, RB: tl.constexpr):
-    """Rows ``r0 .. r0 + RB`` of a step's ``n``, for a flush pass that takes only the flush rows:
-    ``(rows [RB], is_flush [RB], rank [RB], flush rows in the block)``. ``rank``: a flush row's
+def flush_row_block(slots, num_slots, count_ptr, n, r0, base, T: tl.constexpr, window, SCAN_ROWS: tl.constexpr):
+    """Rows ``r0 .. r0 + SCAN_ROWS`` of a step's ``n``, for a flush pass that takes only the flush rows:
+    ``(rows [SCAN_ROWS], is_flush [SCAN_ROWS], rank [SCAN_ROWS], flush rows in the block)``. ``rank``: a flush row's
     index among the step's flush rows, in row order (``base``: the flush rows before ``r0``). A
     padded row (:func:`in_pool`) never flushes."""
-    r = r0 + tl.arange(0, RB)
+    r = r0 + tl.arange(0, SCAN_ROWS)
     slot = tl.load(slots + r, mask=r < n, other=-1)
     ok = in_pool(slot, num_slots)
     count = tl.load(count_ptr + tl.where(ok, slot, 0), mask=ok, other=0)
@@ -52,10 +52,10 @@ def flush_row_block(slots, num_slots, count_ptr, n, r0, base, T: tl.constexpr, w
 
 
 @triton.jit
-def program_ranks(base, nf, rp, RP: tl.constexpr):
-    """The flush ranks of a :func:`flush_row_block` that program ``rp`` of ``RP`` takes (those equal
-    to ``rp`` mod ``RP``), as ``tl.range`` bounds ``(first, end)``, step ``RP``."""
-    return base + (rp - base % RP + RP) % RP, base + nf
+def program_ranks(base, nf, rp, ROW_PROGRAMS: tl.constexpr):
+    """The flush ranks of a :func:`flush_row_block` that program ``rp`` of ``ROW_PROGRAMS`` takes (those equal
+    to ``rp`` mod ``ROW_PROGRAMS``), as ``tl.range`` bounds ``(first, end)``, step ``ROW_PROGRAMS``."""
+    return base + (rp - base % ROW_PROGRAMS + ROW_PROGRAMS) % ROW_PROGRAMS, base + nf
 
 
 @triton.jit
