@@ -29,7 +29,6 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_decode import Layer, timed  # noqa: E402
-from replayssm.kernels.tiles import TILES  # noqa: E402
 from shapes import MODEL_SPECS, WINDOW  # noqa: E402
 
 
@@ -73,11 +72,8 @@ def copy_probe(model: str, batch: int, works: list[int]) -> None:
             print(f"{work:>5} {name:>16} {us:>9.1f} {moved / us / 1e3:>7.0f}", flush=True)
 
 
-def step_probe(model: str, batch: int, layout: str, read_format: str, repeats: int, kl: int | None) -> None:
+def step_probe(model: str, batch: int, layout: str, read_format: str, repeats: int) -> None:
     spec = MODEL_SPECS[model]
-    if kl is not None:                # the replay tile's runs of key channels (kernels/tiles.py: flush_replay_vk)
-        table = TILES["kda" if spec.family == "kda" and "flush_replay_vk" in TILES["kda"] else "delta"]
-        table["flush_replay_vk"] = dict(table["flush_replay_vk"], kl=kl)
     layer = Layer(spec, batch, read_format=read_format, state_layout=layout)
     fn, _ = layer.step_fn(layer.inputs(1))
     for _ in range(repeats):          # compiled and warm before the profiled step
@@ -89,7 +85,7 @@ def step_probe(model: str, batch: int, layout: str, read_format: str, repeats: i
     fn()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
-    print(f"{model} batch {batch} {layout} {read_format} kl={kl}: one flush step profiled")
+    print(f"{model} batch {batch} {layout} {read_format}: one flush step profiled")
 
 
 def main() -> None:
@@ -101,12 +97,11 @@ def main() -> None:
     ap.add_argument("--layout", default="vk", choices=["kv", "vk"], help="step: the checkpoint's layout")
     ap.add_argument("--read-format", default="nvfp4", choices=["checkpoint", "fp8", "nvfp4"])
     ap.add_argument("--repeats", type=int, default=3, help="step: unprofiled steps first")
-    ap.add_argument("--kl", type=int, default=None, help="step: the vk replay tile's kl (default: the tile in use)")
     args = ap.parse_args()
     if args.probe == "copy":
         copy_probe(args.model, args.batch, [int(w) for w in args.work.split(",")])
     else:
-        step_probe(args.model, args.batch, args.layout, args.read_format, args.repeats, args.kl)
+        step_probe(args.model, args.batch, args.layout, args.read_format, args.repeats)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import triton
 
-from replayssm.kernels.formats.codes import CkptCode, ReadCode
+from replayssm.kernels.formats.codes import ReadCode
 from replayssm.kernels.tiles import TILES
 
 log = logging.getLogger("replayssm")
@@ -55,16 +55,15 @@ def passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dic
     ver = tiles["verify" if on_checkpoint else "verify_read"]
     tt = max(ver.get("tokens", 2), triton.next_power_of_2(T)) if T != 1 else 1   # the verify's padded tokens
     replay = "flush_replay" in tiles and not on_checkpoint      # delta behind a read copy: replay
-    # a replay on a [S, HV, V, K] checkpoint moves the checkpoint in runs of `kl` key channels
+    # a replay on a [S, HV, V, K] checkpoint has its own tiles
     suffix = "_vk" if vk and replay else ""
     flush = tiles[("verify_flush" if T != 1 else "flush_replay" if replay else "flush_vk" if vk_tile else "flush")
                   + suffix]
     flush = dict(flush, ROW_PROGRAMS=flush["row_programs"], SCAN_ROWS=FLUSH_SCAN_ROWS)
     if family == "mamba2":
         flush = dict(flush, CHUNK=min(flush["chunk"], cols), PADDED_T=tt)
-    else:   # `kl` counts fp32 channels: a 16-bit checkpoint's runs take as many bytes, twice the channels
-        flush = dict(flush, KL=min(flush.get("kl", 0) * (1 if const["CKPT_FMT"] == CkptCode.FP32 else 2), cols),
-                     ROWS_FROM_BLOCKS=flush.get("rows_from_blocks", False))
+    else:
+        flush = dict(flush, ROWS_FROM_BLOCKS=flush.get("rows_from_blocks", False))
     if T == 0:                                                        # flush-only: the flush pass alone
         plan = []
     elif T > 1:
@@ -92,7 +91,7 @@ def passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dic
 _CONSTEXPR_KEYS = (("CHUNK", "CHUNK"), ("CODES_PER_WORD", "CODES_PER_WORD"), ("CHUNK_WORDS", "CHUNK_WORDS"),
                    ("PADDED_T", "PADDED_T"), ("STAGES", "stages"), ("FOLD_STAGES", "FOLD_STAGES"), ("DOT", "dot"),
                    ("ACC", "acc"), ("FOLD", "FOLD"), ("FOLD_CHUNK", "FOLD_CHUNK"), ("ROW_PROGRAMS", "ROW_PROGRAMS"),
-                   ("SCAN_ROWS", "SCAN_ROWS"), ("KL", "KL"), ("ROWS_FROM_BLOCKS", "ROWS_FROM_BLOCKS"))
+                   ("SCAN_ROWS", "SCAN_ROWS"), ("ROWS_FROM_BLOCKS", "ROWS_FROM_BLOCKS"))
 
 
 def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:

@@ -20,9 +20,7 @@ its replay loop's), ``acc`` (the chunks' products reduced once after the stream)
 products' precision); ``fold_chunk`` / ``fold_stages`` (the decode's fold of its flush rows:
 columns and depth, default ``stages``); ``row_programs`` (programs per (tile, head) sharing a
 flush pass's rows; tiles not swept take 16); ``tokens`` (a verify pads its T tokens to a power of
-two at least this, default 2); ``kl`` (a replay on a ``[S, HV, V, K]`` checkpoint moves it as
-runs of ``kl`` contiguous key channels, 2 ``kl`` for a 16-bit checkpoint; 0: one ``[K, V]`` load);
-``rows_from_blocks`` (the delta flush pass's read-copy encode takes the row maxima over the block
+two at least this, default 2); ``rows_from_blocks`` (the delta flush pass's read-copy encode takes the row maxima over the block
 maxima, so that its divisions are not repeated in every lane along K; default False);
 ``fold=False`` (sweeps and tests only: a step on the checkpoint takes the flush pass instead).
 """
@@ -45,12 +43,12 @@ TILES = {
               "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", row_programs=16),
               "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
               "flush_replay": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4),
-              "flush_replay_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4, kl=0,
+              "flush_replay_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4,
                                      rows_from_blocks=True),
               "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3", tokens=8),
               "verify_read": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
               "verify_flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-              "verify_flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16, kl=0,
+              "verify_flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16,
                                      rows_from_blocks=True)},
     "kda": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=3,
                            dot="tf32x3"),

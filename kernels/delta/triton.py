@@ -50,8 +50,7 @@ def _delta_flush_kernel(
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, HAS_QS: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     ROW_CODE_BYTES: tl.constexpr, CODE_MAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr,
-    ROW_PROGRAMS: tl.constexpr,
-    SCAN_ROWS: tl.constexpr, KL: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr,
+    ROW_PROGRAMS: tl.constexpr, SCAN_ROWS: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr,
 ):
     """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
 
@@ -67,9 +66,6 @@ def _delta_flush_kernel(
     rank ``rp``, ``rp + ROW_PROGRAMS``, ... (ranks in row order, found by scanning the cursors in ``SCAN_ROWS``-row
     blocks), so that a step where few rows flush launches no program per row.
 
-    ``KL`` > 0 (a checkpoint whose key channels are contiguous, ``[S, HV, V, K]``): the checkpoint
-    tile moves as runs of ``KL`` key channels (:func:`load_ckpt_tile`), so that a reduction over K,
-    one per replayed entry, stays mostly within a thread instead of crossing all of a warp's lanes.
     ``ROWS_FROM_BLOCKS``: the read copy's encode as :func:`store_read_copy` says (the tile's lanes
     along K, as a ``[S, HV, V, K]`` checkpoint loads)."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
@@ -99,7 +95,7 @@ def _delta_flush_kernel(
             else:
                 rg = ring_g + (sl * HV + h) * capacity
 
-            S = load_ckpt_tile(ck, c_k, c_v, pid_v * BV, V, K, BV, KL).to(tl.float32)           # [K, BV]
+            S = load_ckpt_tile(ck, c_k, c_v, pid_v * BV, V, K, BV).to(tl.float32)           # [K, BV]
             n_fold = count + T if COMMITTED else count
             if READ_FMT == READ_CHECKPOINT:
                 # the history's d came from this checkpoint: fold it as one product
@@ -157,7 +153,7 @@ def _delta_flush_kernel(
             ep = tl.load(epoch_ptr + sl)
             index = h * (K * V) + ok[:, None] * V + ov[None, :]
             stored = round_checkpoint(S, index, sr_base, ep, CKPT_FMT)
-            store_ckpt_tile(ck, c_k, c_v, stored, pid_v * BV, V, K, BV, KL)
+            store_ckpt_tile(ck, c_k, c_v, stored, pid_v * BV, V, K, BV)
             if READ_FMT != READ_CHECKPOINT:
                 store_read_copy(rc_codes + head * ROW_CODE_BYTES, rc_bs + head * (K // 16), rc_rs + head,
                                 tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, CODE_MAX, BV, K, ROW_CODE_BYTES,
@@ -223,49 +219,18 @@ def _delta_flush_kernel(
 
 
 @triton.jit
-def load_ckpt_tile(ck, c_k, c_v, v0, V: tl.constexpr, K: tl.constexpr, BV: tl.constexpr, KL: tl.constexpr):
+def load_ckpt_tile(ck, c_k, c_v, v0, V: tl.constexpr, K: tl.constexpr, BV: tl.constexpr):
     """A head's checkpoint tile ``[K, BV]``, value columns ``v0 + [0, BV)`` (< V; ``ck``: the head,
-    strides ``c_k``, ``c_v``). ``KL`` = 0: one ``[K, BV]`` load. ``KL`` > 0: a ``[K / KL, KL, VR, BV / VR]``
-    load (channel ``c KL + j`` and column ``b VR + a`` at ``[c, j, a, b]``) merged to ``[K, BV]``:
-    where the key channels are contiguous (``c_k`` = 1) a column's ``KL`` channels are one run of
-    memory over ``KL`` / (16 bytes) lanes, the warp's other lanes take the columns, ``VR`` adjacent
-    ones each (so that a lane's entries of a ``[BV]`` row, a ring entry's v, are adjacent in memory),
-    and the ``K / KL`` runs stay in registers: the tile's reductions over K then stay mostly within a
-    thread (one ``[K, BV]`` load spreads all of a warp's lanes over K)."""
-    if KL == 0:
-        ov = v0 + tl.arange(0, BV)
-        return tl.load(ck + tl.arange(0, K)[:, None] * c_k + ov[None, :] * c_v, mask=(ov < V)[None, :], other=0.0)
-    else:
-        VEC: tl.constexpr = 128 // ck.dtype.element_ty.primitive_bitwidth             # values in 16 bytes
-        LV: tl.constexpr = 32 // (KL // VEC) if KL > VEC else 32                       # lanes over columns
-        VR: tl.constexpr = BV // LV if BV > LV else 1
-        okr, ovr = _ckpt_runs(v0, K, BV, KL, VR)
-        tile = tl.load(ck + okr * c_k + ovr * c_v, mask=ovr < V, other=0.0)            # [K / KL, KL, VR, BV / VR]
-        return tl.reshape(tl.permute(tile, (0, 1, 3, 2)), (K, BV))
+    strides ``c_k``, ``c_v``: either layout)."""
+    ov = v0 + tl.arange(0, BV)
+    return tl.load(ck + tl.arange(0, K)[:, None] * c_k + ov[None, :] * c_v, mask=(ov < V)[None, :], other=0.0)
 
 
 @triton.jit
-def store_ckpt_tile(ck, c_k, c_v, x, v0, V: tl.constexpr, K: tl.constexpr, BV: tl.constexpr, KL: tl.constexpr):
-    """Store ``x [K, BV]`` as a head's checkpoint tile, in the pieces of :func:`load_ckpt_tile`."""
-    if KL == 0:
-        ov = v0 + tl.arange(0, BV)
-        tl.store(ck + tl.arange(0, K)[:, None] * c_k + ov[None, :] * c_v, x, mask=(ov < V)[None, :])
-    else:
-        VEC: tl.constexpr = 128 // ck.dtype.element_ty.primitive_bitwidth
-        LV: tl.constexpr = 32 // (KL // VEC) if KL > VEC else 32
-        VR: tl.constexpr = BV // LV if BV > LV else 1
-        okr, ovr = _ckpt_runs(v0, K, BV, KL, VR)
-        tl.store(ck + okr * c_k + ovr * c_v, tl.permute(tl.reshape(x, (K // KL, KL, BV // VR, VR)), (0, 1, 3, 2)),
-                 mask=ovr < V)
-
-
-@triton.jit
-def _ckpt_runs(v0, K: tl.constexpr, BV: tl.constexpr, KL: tl.constexpr, VR: tl.constexpr):
-    """Channels ``[K / KL, KL, 1, 1]`` and columns ``[1, 1, VR, BV / VR]`` of :func:`load_ckpt_tile`'s
-    pieces."""
-    okr = tl.arange(0, K // KL)[:, None, None, None] * KL + tl.arange(0, KL)[None, :, None, None]
-    ovr = v0 + tl.arange(0, VR)[None, None, :, None] + tl.arange(0, BV // VR)[None, None, None, :] * VR
-    return okr, ovr
+def store_ckpt_tile(ck, c_k, c_v, x, v0, V: tl.constexpr, K: tl.constexpr, BV: tl.constexpr):
+    """Store ``x [K, BV]`` as a head's checkpoint tile (:func:`load_ckpt_tile`'s columns)."""
+    ov = v0 + tl.arange(0, BV)
+    tl.store(ck + tl.arange(0, K)[:, None] * c_k + ov[None, :] * c_v, x, mask=(ov < V)[None, :])
 
 
 @triton.jit
