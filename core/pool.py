@@ -158,15 +158,13 @@ class StatePool:
         """
         if not checked:
             self.require_unchecked()
-            for name, t in (("src", src), ("dst", dst)):
-                if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or t.device != self.device:
-                    got = f"{t.dtype} {list(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-                    raise ValueError(f"{name}: expected an int64 tensor of shape [n] on {self.device}, got {got}")
+            check_slot_tensor(src, self.device, "src")
+            check_slot_tensor(dst, self.device, "dst")
             if src.numel() != dst.numel():
                 raise ValueError(f"dst: expected as many slots as src ({src.numel()}), got {dst.numel()}")
             s, d = src, dst
         else:
-            check_slot_tensor(src, self.device)
+            check_slot_tensor(src, self.device, "src")
             src_cpu, dst_cpu = src.cpu(), self.cpu_slots(dst)
             if src_cpu.numel() != dst_cpu.numel():
                 raise ValueError(f"dst: expected as many slots as src ({src_cpu.numel()}), got {dst_cpu.numel()}")

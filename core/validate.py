@@ -72,14 +72,15 @@ def check_inputs(spec: LayerSpec, cfg: ReplayConfig, n: int, T: int | None, devi
     return out
 
 
-def check_slot_tensor(slots, device: torch.device) -> None:
-    """Slot indices: an int64 ``[n]`` tensor on ``device`` (metadata only: reads no values)."""
+def check_slot_tensor(slots, device: torch.device, name: str = "slots") -> None:
+    """Slot indices: an int64 ``[n]`` tensor on ``device`` (metadata only: reads no values); errors
+    name the argument ``name``."""
     if not isinstance(slots, torch.Tensor):
-        raise TypeError(f"slots: expected an int64 torch.Tensor of shape [n], got {type(slots).__name__}")
+        raise TypeError(f"{name}: expected an int64 torch.Tensor of shape [n], got {type(slots).__name__}")
     if slots.dim() != 1 or slots.dtype != torch.int64:
-        raise ValueError(f"slots: expected an int64 tensor of shape [n], got {slots.dtype} {list(slots.shape)}")
+        raise ValueError(f"{name}: expected an int64 tensor of shape [n], got {slots.dtype} {list(slots.shape)}")
     if slots.device != device:
-        raise ValueError(f"slots: expected device {device}, got {slots.device}")
+        raise ValueError(f"{name}: expected device {device}, got {slots.device}")
 
 
 def check_slots(slots, num_slots: int, allocated: torch.Tensor, device: torch.device) -> torch.Tensor:
