@@ -7,7 +7,7 @@ Every launch of the step plans at real dims (``benchmarks/shapes.py``: Nemotron-
 Kimi-Linear; decode on the checkpoint and behind fp8 / NVFP4 read copies, verify of 8 tokens, an
 fp16-SR checkpoint; GDN / KDA on both checkpoint layouts) and the store and refresh kernels behind
 each read format, compiled as the JIT compiles them for sm_90 (``integrations.trtllm.steps.compile_jit``;
-the store and refresh kernels through their ops, with a stand-in driver naming an sm_90 target). A
+the store and refresh kernels through their ops, whose launches are compiled the same way). A
 fingerprint is the SHA-256 of the PTX without its debug lines (``.loc``, ``.file`` and the debug
 sections), which record source lines and columns and change when code moves, not what runs. Run it
 without ``TRITON_INTERPRET``.
@@ -64,30 +64,22 @@ def step_launches() -> dict[str, str]:
     return out
 
 
-class _Sm90Driver:
-    """What ``JITFunction.warmup`` asks the active driver before it compiles: an sm_90 device."""
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device):
-        return 0
-
-    def get_current_target(self):
-        from triton.backends.compiler import GPUTarget
-        return GPUTarget("cuda", 90, 32)
-
-
-class _Warmup:
-    """Stands in for a Triton kernel in ``kernels.ops``: ``kernel[grid](**args)`` compiles (warmup)
-    and records the fingerprint instead of launching."""
+class _Compile:
+    """Stands in for a Triton kernel in ``kernels.ops``: ``kernel[grid](**args)`` compiles the launch
+    as the JIT would (``steps.compile_jit``) and records its fingerprint instead of launching."""
 
     def __init__(self, kernel, tag: str, out: dict):
         self.kernel, self.tag, self.out = kernel, tag, out
 
     def __getitem__(self, grid):
-        def run(**kwargs):
-            compiled = self.kernel.warmup(grid=grid, **kwargs)
+        def run(num_warps, **kwargs):
+            from replayssm.integrations.trtllm import steps
+            from replayssm.kernels.plan import Launch
+
+            const = {p.name for p in self.kernel.params if p.is_constexpr}
+            lc = Launch.by_name(self.tag, self.kernel, grid, 0, {k: v for k, v in kwargs.items() if k not in const},
+                                {k: v for k, v in kwargs.items() if k in const}, num_warps, False)
+            _, compiled = steps.compile_jit(lc, "sm_90")
             key = (f"{self.tag} read={kwargs['READ_FMT']} ckpt={kwargs.get('CKPT_FMT', '-')} "
                    f"delta={kwargs['IS_DELTA']} cols={kwargs['COLS']}")
             self.out[key] = fingerprint(compiled.asm["ptx"])
@@ -97,16 +89,14 @@ class _Warmup:
 
 def store_and_refresh() -> dict[str, str]:
     import torch
-    from triton.runtime import driver
 
     import replayssm as rs
     from replayssm.kernels import backend, ops
 
     out = {}
-    driver.set_active(_Sm90Driver())
     saved = ops._store_checkpoint_kernel, ops._refresh_read_copy_kernel
-    ops._store_checkpoint_kernel = _Warmup(saved[0], "store", out)
-    ops._refresh_read_copy_kernel = _Warmup(saved[1], "refresh", out)
+    ops._store_checkpoint_kernel = _Compile(saved[0], "store", out)
+    ops._refresh_read_copy_kernel = _Compile(saved[1], "refresh", out)
     try:
         for model in MODELS[:2]:
             spec = MODEL_SPECS[model]
