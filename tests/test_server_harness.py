@@ -421,6 +421,8 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
         out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
         c = int(cmd[cmd.index("--max-concurrency") + 1])
         out.write_text(json.dumps(dict(output_throughput=10.0 * c, median_itl_ms=2.0)) + "\n")
+        kw["stdout"].write(f"Decode batch, #running-req: {c}, #full token: 9, gen throughput (token/s): {c}.5, x\n")
+        kw["stdout"].flush()
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(check_server, "launch", launch)
@@ -433,10 +435,29 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
         # every concurrency's loads in turn on the one server
         assert [(r["concurrency"], r["load"], r["output_throughput"]) for r in rows] == [
             (1, 1, 10.0), (1, 2, 10.0), (4, 1, 40.0), (4, 2, 40.0)]
+        # each load's server rates come from its own part of the log, not an earlier load's
+        assert [r["decode_tokens_per_s"] for r in rows] == [1.5, 1.5, 4.5, 4.5]
         assert [len(r) for r in emitted] == [1, 2, 3, 4] and servers[-1].poll() is not None
         late = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "no_buffer", args, log,
                                                check_server.Deadline(10), emit=lambda r: None)
     assert len(servers) == 1 and late[0]["error"].startswith("not started")
+
+
+def test_server_rates_read_full_prefill_batches_and_full_decode_batches():
+    import bench_serving
+
+    line = ("[t] Prefill batch, #new-seq: {s}, #new-token: {n}, #cached-token: 0, full token usage: 0.00, mamba usage: "
+            "0.00, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): {x}")
+    dec = ("[t] Decode batch, #running-req: {r}, #full token: 131584, full token usage: 0.64, mamba num: 512, mamba "
+           "usage: 0.66, cuda graph: True, gen throughput (token/s): {x}, #queue-req: 0")
+    log = "\n".join([line.format(s=1, n=512, x=22.2), line.format(s=16, n=8192, x=26000.0),
+                     line.format(s=16, n=8192, x=26400.5), line.format(s=16, n=8192, x=25000.0),
+                     line.format(s=3, n=1536, x=30000.0), dec.format(r=256, x=5.87), dec.format(r=256, x=8461.9),
+                     dec.format(r=256, x=8449.1), dec.format(r=200, x=9000.0)])
+    # the idle-diluted first batch and the partial ones are not full batches; the median of three is the middle
+    assert bench_serving.server_rates(log, 256) == dict(prefill_tokens_per_s=26000.0, decode_tokens_per_s=8449.1)
+    assert bench_serving.server_rates(log, 64) == dict(prefill_tokens_per_s=26000.0)
+    assert bench_serving.server_rates("no rates at warning level", 256) == {}
 
 
 def test_serving_table_compares_each_load_with_sglangs(tmp_path):

@@ -23,8 +23,9 @@ cache report), for each radix strategy of ``--radix-strategies``.
 
 Written to ``DIR/serving-<model>.json`` (``serving-<model>-mtp.json`` with ``--speculative mtp``): one
 row per (variant, radix strategy, concurrency) with output tokens/s, median and p99 inter-token
-latency and time to first token, the client's cache hit rate where reported, and the run's versions; ``DIR/serving.png`` plots tokens/s against concurrency per
-model; server logs go to ``DIR/servers.log``. A variant a model's family cannot serve (SGLang's own
+latency and time to first token, the client's cache hit rate where reported, the server's own prefill
+and decode rates during the load (with ``--server-log-level info``; see ``server_rates``), and the run's
+versions; ``DIR/serving.png`` plots tokens/s against concurrency per model; server logs go to ``DIR/servers.log``. A variant a model's family cannot serve (SGLang's own
 replay on Mamba-2) is skipped, and a server that fails is recorded with its error.
 """
 
@@ -34,6 +35,8 @@ import argparse
 import json
 import os
 import pathlib
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -119,6 +122,26 @@ def client_command(port: int, model_dir: pathlib.Path, concurrency: int, out_fil
                      "--num-prompts", str(max(concurrency * args.waves, 8))]
 
 
+_PREFILL = re.compile(r"Prefill batch, .*#new-token: (\d+),.* input throughput \(token/s\): ([\d.]+)")
+_DECODE = re.compile(r"Decode batch, #running-req: (\d+),.* gen throughput \(token/s\): ([\d.]+)")
+
+
+def server_rates(log_text: str, concurrency: int) -> dict:
+    """The server's own rates during one load, from its INFO log lines (``--server-log-level info``):
+    ``prefill_tokens_per_s``, the median "input throughput" of the load's full prefill batches (those
+    of the most new tokens), and ``decode_tokens_per_s``, the median "gen throughput" of its decode
+    batches with all ``concurrency`` requests running. A rate with no such line is left out."""
+    rates = {}
+    prefill = [(int(n), float(x)) for n, x in _PREFILL.findall(log_text)]
+    if prefill:
+        full = max(n for n, _ in prefill)
+        rates["prefill_tokens_per_s"] = statistics.median(x for n, x in prefill if n == full)
+    decode = [float(x) for r, x in _DECODE.findall(log_text) if int(r) == concurrency]
+    if decode:
+        rates["decode_tokens_per_s"] = statistics.median(decode)
+    return rates
+
+
 def row_from(out_file: pathlib.Path) -> dict:
     """The measurements of the client's last result line in ``out_file``."""
     result = json.loads(out_file.read_text().strip().splitlines()[-1])
@@ -160,6 +183,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                 continue
             log.write(f"\n===== {model} {variant} {strategy}: concurrency {c}, load {load}\n")
             log.flush()
+            log_start = os.path.getsize(log.name)
             with tempfile.TemporaryDirectory() as tmp:
                 out_file = pathlib.Path(tmp) / "result.jsonl"
                 t1 = time.time()
@@ -168,6 +192,9 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                 if done.returncode != 0 or not out_file.exists():
                     raise RuntimeError(f"the client exited with {done.returncode} at concurrency {c}")
                 row = dict(base, concurrency=c, load=load, **row_from(out_file))
+            with open(log.name, "rb") as f:
+                f.seek(log_start)
+                row |= server_rates(f.read().decode(errors="replace"), c)
             rows.append(row)
             emit(rows)
             print(f"{model} {variant} ({strategy}) concurrency {c} load {load}: "
