@@ -463,23 +463,57 @@ def test_server_rates_read_full_prefill_batches_and_full_decode_batches():
 def test_serving_table_compares_each_load_with_sglangs(tmp_path):
     import bench_serving
 
-    def row(variant, c, tok, itl, load=1):
+    def row(variant, c, tok, itl, load=1, **rates):
         return dict(model="m", variant=variant, radix="no_buffer", workload="decode", concurrency=c, load=load,
-                    output_throughput=tok, median_itl_ms=itl, p99_itl_ms=2 * itl, median_ttft_ms=50.0)
+                    output_throughput=tok, median_itl_ms=itl, p99_itl_ms=2 * itl, median_ttft_ms=50.0, **rates)
 
     path = tmp_path / "serving-m.json"
     path.write_text(json.dumps(dict(rows=[row("sglang", 64, 3000.0, 12.0), row("sglang", 64, 2000.0, 16.0, load=2),
-                                          row("replay-fp32", 64, 3600.0, 8.0),
-                                          row("replay-fp32", 64, 3000.0, 8.0, load=2),
+                                          row("sglang-replay", 64, 2400.0, 10.0),
+                                          row("replay-fp32", 64, 3600.0, 8.0, prefill_tokens_per_s=26431.5,
+                                              decode_tokens_per_s=14391.0),
+                                          row("replay-fp32", 64, 3000.0, 8.0, load=2, decode_tokens_per_s=9000.0),
                                           row("replay-fp32", 256, 4000.0, 10.0),
                                           dict(model="m", variant="replay-nvfp4", radix="no_buffer",
                                                workload="decode", error="RuntimeError: boom")])))
     lines = bench_serving.table([path]).splitlines()
-    # each load against SGLang's load of the same number on its server
-    assert lines[4] == "| m | replay-fp32 | no_buffer | 64 | 1 | 3600 | 1.20x | 8.00 / 16.00 | 1.50x | 50 |  |  |"
-    assert lines[5] == "| m | replay-fp32 | no_buffer | 64 | 2 | 3000 | 1.50x | 8.00 / 16.00 | 2.00x | 50 |  |  |"
-    assert lines[6] == "| m | replay-fp32 | no_buffer | 256 | 1 | 4000 |  | 10.00 / 20.00 |  | 50 |  |  |"
-    assert "RuntimeError: boom" in lines[7]
+    assert lines[4] == "| m | sglang-replay | no_buffer | 64 | 1 | 2400 | 0.80x |  | 10.00 / 20.00 | 1.20x | 50 | - / - |  |  |"
+    # each load against SGLang's and SGLang's replay's load of the same number on its server
+    assert lines[5] == ("| m | replay-fp32 | no_buffer | 64 | 1 | 3600 | 1.20x | 1.50x | 8.00 / 16.00 | 1.50x | 50 "
+                        "| 26,432 / 14,391 |  |  |")
+    assert lines[6] == "| m | replay-fp32 | no_buffer | 64 | 2 | 3000 | 1.50x |  | 8.00 / 16.00 | 2.00x | 50 | - / 9,000 |  |  |"
+    assert lines[7] == "| m | replay-fp32 | no_buffer | 256 | 1 | 4000 |  |  | 10.00 / 20.00 |  | 50 | - / - |  |  |"
+    assert "RuntimeError: boom" in lines[8]
+
+
+def test_serving_merge_keeps_every_runs_rows_and_meta_and_drops_a_load_a_later_run_measured(tmp_path):
+    import bench_serving
+
+    def run(name, commit, rows):
+        path = tmp_path / name
+        path.write_text(json.dumps(dict(model="m", meta=dict(commit=commit), config=dict(x=1), args=dict(a=name),
+                                        rows=rows)))
+        return path
+
+    base = dict(model="m", radix="extra_buffer", workload="prefix", speculative="none", concurrency=256, load=1)
+    first = run("a.json", "c1", [dict(base, variant="sglang", output_throughput=9000.0),
+                                 dict(base, variant="replay-nvfp4", error="not run: the deadline is less than 30 s away"),
+                                 dict(base, variant="replay-fp32", error="RuntimeError: boom")])
+    second = run("b.json", "c2", [dict(base, variant="replay-nvfp4", output_throughput=5667.0)])
+    merged = bench_serving.merge([first, second])
+    assert [(r["variant"], r["run"]) for r in merged["rows"]] == [("sglang", 0), ("replay-fp32", 0),
+                                                                   ("replay-nvfp4", 1)]
+    assert [r["meta"]["commit"] for r in merged["runs"]] == ["c1", "c2"]
+    assert merged["model"] == "m" and merged["config"] == dict(x=1)
+    out = tmp_path / "merged.json"
+    assert bench_serving.main(["--merge", str(first), str(second), "--merged", str(out)]) == 0
+    assert json.loads(out.read_text()) == json.loads(json.dumps(merged))
+    other = run("c.json", "c3", [])
+    other.write_text(other.read_text().replace('"model": "m"', '"model": "n"'))
+    with pytest.raises(ValueError, match="one model"):
+        bench_serving.merge([first, other])
+    with pytest.raises(SystemExit):
+        bench_serving.main(["--merge", str(first)])
 
 
 def test_serving_speculative_mtp_flags_and_model_folders(tmp_path, monkeypatch):

@@ -25,8 +25,13 @@ Written to ``DIR/serving-<model>.json`` (``serving-<model>-mtp.json`` with ``--s
 row per (variant, radix strategy, concurrency) with output tokens/s, median and p99 inter-token
 latency and time to first token, the client's cache hit rate where reported, the server's own prefill
 and decode rates during the load (with ``--server-log-level info``; see ``server_rates``), and the run's
-versions; ``DIR/serving.png`` plots tokens/s against concurrency per model; server logs go to ``DIR/servers.log``. A variant a model's family cannot serve (SGLang's own
-replay on Mamba-2) is skipped, and a server that fails is recorded with its error.
+versions; ``DIR/serving.png`` plots tokens/s against concurrency per model; server logs go to
+``DIR/servers.log``. A variant a model's family cannot serve (SGLang's own replay on Mamba-2) is
+skipped, and a server that fails is recorded with its error.
+
+``--table JSON...`` prints the rows as markdown with their ratios to SGLang's and SGLang's replay's;
+``--merge JSON... --merged FILE`` joins several runs of one model into one file (each row keeps its
+run's versions and commit).
 """
 
 from __future__ import annotations
@@ -212,29 +217,62 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
 
 def table(paths: list[pathlib.Path]) -> str:
     """A markdown table of ``serving-<model>.json`` files: a row per measured load, with output
-    tokens/s and median inter-token latency against SGLang conventional's (variant ``sglang``, the
-    same workload, concurrency and load number on its server) where that was measured."""
-    out = ["| model | variant | radix | concurrency | load | output tok/s | vs SGLang | ITL median / p99 ms "
-           "| ITL vs SGLang | TTFT median ms | cache hit | accept length |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    tokens/s against SGLang conventional's (variant ``sglang``) and SGLang's own replay's
+    (``sglang-replay``), median inter-token latency against SGLang conventional's, each on the same
+    workload, concurrency and load number of its server, where those were measured in the same file,
+    and the server's own prefill and decode rates during the load (``server_rates``) where logged."""
+    out = ["| model | variant | radix | concurrency | load | output tok/s | vs SGLang | vs SGLang's replay "
+           "| ITL median / p99 ms | ITL vs SGLang | TTFT median ms | server prefill / decode tok/s | cache hit "
+           "| accept length |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
         data = json.loads(path.read_text())
         ok = [r for r in data["rows"] if "output_throughput" in r]
-        base = {(r["workload"], r["concurrency"], r.get("load", 1)): r for r in ok if r["variant"] == "sglang"}
+
+        def by_load(variant: str) -> dict:
+            return {(r["workload"], r["concurrency"], r.get("load", 1)): r for r in ok if r["variant"] == variant}
+
+        base, replay = by_load("sglang"), by_load("sglang-replay")
         for r in data["rows"]:
             if "output_throughput" not in r:
                 out.append(f"| {r['model']} | {r['variant']} | {r['radix']} | {r.get('concurrency', '')} | "
-                           f"{r.get('load', '')} | {r['error']} | | | | | | |")
+                           f"{r.get('load', '')} | {r['error']} | | | | | | | | |")
                 continue
-            b = base.get((r["workload"], r["concurrency"], r.get("load", 1)))
+            key = (r["workload"], r["concurrency"], r.get("load", 1))
+            b, s = base.get(key), replay.get(key)
             tok = f"{r['output_throughput'] / b['output_throughput']:.2f}x" if b and r is not b else ""
+            vs_replay = f"{r['output_throughput'] / s['output_throughput']:.2f}x" if s and r is not s else ""
             itl = f"{b['median_itl_ms'] / r['median_itl_ms']:.2f}x" if b and r is not b else ""
+            rates = " / ".join(f"{r[k]:,.0f}" if k in r else "-" for k in ("prefill_tokens_per_s",
+                                                                          "decode_tokens_per_s"))
             hit, accept = r.get("cache_hit_rate_pct"), r.get("accept_length")
             out.append(f"| {r['model']} | {r['variant']} | {r['radix']} | {r['concurrency']} | {r.get('load', 1)} | "
-                       f"{r['output_throughput']:.0f} | {tok} | {r['median_itl_ms']:.2f} / {r['p99_itl_ms']:.2f} | "
-                       f"{itl} | {r['median_ttft_ms']:.0f} | {'' if hit is None else f'{hit:.1f} %'} | "
-                       f"{'' if accept is None else f'{accept:.2f}'} |")
+                       f"{r['output_throughput']:.0f} | {tok} | {vs_replay} | {r['median_itl_ms']:.2f} / "
+                       f"{r['p99_itl_ms']:.2f} | {itl} | {r['median_ttft_ms']:.0f} | {rates} | "
+                       f"{'' if hit is None else f'{hit:.1f} %'} | {'' if accept is None else f'{accept:.2f}'} |")
     return "\n".join(out)
+
+
+def merge(paths: list[pathlib.Path]) -> dict:
+    """One ``serving-<model>.json`` of the rows of several runs of the same model, in the order given:
+    each row gains ``run`` (its file's index in ``runs``, which keeps every file's ``meta`` and
+    ``args``). A row that records a load as not run or failed is left out when a later file measured
+    the same (variant, radix strategy, workload, speculative, concurrency, load). Raises ValueError
+    for files of different models."""
+    files = [json.loads(p.read_text()) for p in paths]
+    names = sorted({f["model"] for f in files})
+    if len(names) != 1:
+        raise ValueError(f"merge: expected files of one model, got {names} in {[str(p) for p in paths]}")
+
+    def key(r: dict) -> tuple:
+        return (r["variant"], r["radix"], r["workload"], r.get("speculative"), r.get("concurrency"), r.get("load"))
+
+    rows = [dict(r, run=i) for i, f in enumerate(files) for r in f["rows"]]
+    measured = [(i, key(r)) for i, r in enumerate(rows) if "output_throughput" in r]
+    kept = [r for i, r in enumerate(rows)
+            if "output_throughput" in r or not any(j > i and k == key(r) for j, k in measured)]
+    return dict(model=names[0], config=files[0]["config"],
+                runs=[dict(meta=f["meta"], args=f["args"], file=str(p)) for p, f in zip(paths, files)], rows=kept)
 
 
 def plot(rows_by_model: dict[str, list[dict]], path: pathlib.Path) -> None:
@@ -305,9 +343,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sglang-arg", action="append", default=[], help="one more SGLang flag or value (repeatable)")
     ap.add_argument("--table", nargs="+", type=pathlib.Path, metavar="JSON",
                     help="print the markdown table of these serving-<model>.json files and exit")
+    ap.add_argument("--merge", nargs="+", type=pathlib.Path, metavar="JSON",
+                    help="write the rows of these runs of one model to --merged as one file (see merge) and exit")
+    ap.add_argument("--merged", type=pathlib.Path, help="with --merge: the file to write")
     args = ap.parse_args(argv)
     if args.table:
         print(table(args.table))
+        return 0
+    if args.merge:
+        if args.merged is None:
+            ap.error("--merge: expected --merged FILE, the file to write")
+        try:
+            args.merged.write_text(json.dumps(merge(args.merge), default=str) + "\n")
+        except ValueError as e:
+            ap.error(str(e))
         return 0
     if args.repeat < 1:
         ap.error(f"--repeat: expected a positive count, got {args.repeat}")
