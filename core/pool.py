@@ -244,9 +244,8 @@ class StatePool:
         ``checked=False`` (triton backend) reads nothing on the host: ``slots`` (int64 on the pool's
         device) must then be distinct, which is not checked, and the host record of uncommitted
         verifies is left alone (as ``commit(checked=False)`` does). A padded row (-1, or any index
-        outside ``[0, num_slots)``) re-derives the read copy of the first real row, the same bytes
-        that row writes (with no real row, slot 0's from its own checkpoint: the bytes it holds,
-        since every write of a checkpoint re-derives its read copy), and resets no cursor.
+        outside ``[0, num_slots)``) is skipped: no read copy written, no cursor reset, so a masked
+        event (SGLang's track copy under a CUDA graph) costs its real rows only.
         """
         if layer is not None:
             self.check_layer(layer)
@@ -257,9 +256,7 @@ class StatePool:
             if slots.numel() == 0:
                 return
             real = (slots >= 0) & (slots < self.num_slots)
-            slots = torch.where(real, slots, torch.full_like(slots, -1))
-            first = slots.index_select(0, torch.argmax(real.to(torch.int8)).view(1)).clamp(min=0)  # or slot 0
-            rows = torch.where(real, slots, first)
+            slots = rows = torch.where(real, slots, torch.full_like(slots, -1))
         else:
             cpu_idx = self.cpu_slots(slots)
             cpu_idx = cpu_idx[cpu_idx >= 0]

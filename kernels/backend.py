@@ -108,8 +108,9 @@ def store(pool, layer: int, cpu_rows: torch.Tensor, state: torch.Tensor) -> None
 
 
 def refresh(pool, layer: int, rows: torch.Tensor) -> None:
-    """Re-derive the read copy of ``rows`` (int64 on the device, slots of the pool) of ``layer`` from
-    their stored checkpoint, on the device; checkpoint and cursors untouched. Reads no device value."""
+    """Re-derive the read copy of ``rows`` (int64 on the device, slots of the pool; -1 = padding, skipped)
+    of ``layer`` from their stored checkpoint, on the device; checkpoint and cursors untouched. Reads
+    no device value."""
     buffers = layer_state(pool, layer)
     ops.refresh_read_copy(checkpoint=buffers["checkpoint"], slots=rows, read_codes=buffers["read_codes"],
                           read_block_scale=buffers["read_block_scale"], read_row_scale=buffers["read_row_scale"],

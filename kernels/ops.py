@@ -299,8 +299,8 @@ def store_checkpoint(state: torch.Tensor, slots: torch.Tensor, checkpoint: torch
 def refresh_read_copy(checkpoint: torch.Tensor, slots: torch.Tensor, read_codes: torch.Tensor,
                       read_block_scale: torch.Tensor, read_row_scale: torch.Tensor, is_delta: bool,
                       read_format: int) -> None:
-    """Re-derive the read copy of ``slots [r]`` (int64, slots of the pool, no -1) from their stored
-    checkpoint ``[S, heads, A, B]`` (canonical, any strides; not written): the bytes
+    """Re-derive the read copy of ``slots [r]`` (int64, slots of the pool; -1 = padding, skipped) from
+    their stored checkpoint ``[S, heads, A, B]`` (canonical, any strides; not written): the bytes
     ``store_checkpoint`` writes for the same values. Read copy updated in place."""
     _, heads, a, b = checkpoint.shape
     _require("slots", slots, (slots.shape[0],), torch.int64)

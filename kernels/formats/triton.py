@@ -369,18 +369,21 @@ def _store_checkpoint_kernel(
 @triton.jit
 def _refresh_read_copy_kernel(
     ckpt, c_s, c_h, c_a, c_b,                  # [S, heads, A, B] checkpoint of one layer (any strides)
-    slots,                                     # [r] int64, slots of the pool
+    slots,                                     # [r] int64, slots of the pool; -1 = padding
     codes, block_scale, row_scale,             # read copy of one layer, contiguous [S, heads, rows, ...]
     HEADS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, BR: tl.constexpr,
     IS_DELTA: tl.constexpr, READ_FMT: tl.constexpr, ROW_CODE_BYTES: tl.constexpr, CODE_MAX: tl.constexpr,
 ):
     # program (row tile, head, slot): BR read rows of one (slot, head), re-encoded from the stored
-    # checkpoint; read layout [rows, cols] as in _store_checkpoint_kernel
+    # checkpoint; read layout [rows, cols] as in _store_checkpoint_kernel. A padded slot loads and
+    # stores nothing
     pid_r, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slots + i)
+    real = slot >= 0
+    slot = tl.maximum(slot, 0)
     rows = pid_r * BR + tl.arange(0, BR)
     cols = tl.arange(0, COLS)
-    rmask = rows < ROWS
+    rmask = (rows < ROWS) & real
     if IS_DELTA:
         off_a, off_b = cols[None, :], rows[:, None]       # a = k (col), b = v (row)
     else:
