@@ -21,12 +21,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import replayssm as rs
+
 pytest.importorskip("sglang")
 
 from conftest import DEVICE, TINY_NEMOTRON_H  # noqa: E402
 from helpers import TOL, f64, rms_ratio, step_oracle, token  # noqa: E402
 from test_sglang_radix import _admit, _forward_prep  # noqa: E402
 from test_sglang_replay import LAYERS, SPEC, Run, _cache_params  # noqa: E402
+from test_unchecked import HostReads, _buffers  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("test_device")
 INTERVAL = 8                        # --mamba-track-interval (the tiny model's chunk size is 8 too)
@@ -85,8 +88,11 @@ def _decode_step(run, cache, req, slot, token):
     assert run.decode(slot) < TOL["fp8"]
     if boundary:
         mask = torch.ones(1, dtype=torch.bool, device=DEVICE)
-        hlab.track_mamba_states_all_layers(mp.mamba_cache.conv[0], mp.mamba_cache.temporal, slot, mask,
-                                           batch.mamba_track_indices, 1)
+        with HostReads() as reads:
+            hlab.track_mamba_states_all_layers(mp.mamba_cache.conv[0], mp.mamba_cache.temporal, slot, mask,
+                                               batch.mamba_track_indices, 1)
+        # the reference backend reads the mask on the host; the Triton backend's copy is graph-safe
+        assert bool(reads.found) == (mp.replay.backend == "reference"), reads.found
         for layer in range(len(LAYERS)):
             run.oracle[layer, int(batch.mamba_track_indices[0])] = run.oracle[layer, int(slot[0])].clone()
     req.output_ids.append(token)
@@ -103,11 +109,25 @@ def _decode_step(run, cache, req, slot, token):
     return boundary
 
 
-def test_track_slot_enters_the_tree_and_serves_a_match(extra_buffer_args, replay_on):
+@pytest.fixture(params=["reference", "triton"])
+def replay_backend(request):
+    """replayssm's SGLang hooks as ``replay_on`` installs them, on each StatePool backend (the Triton
+    kernels in Triton's interpreter on a CPU)."""
+    from replayssm.integrations.sglang import hooks
+    cfg = rs.ReplayConfig(window=4, read_format="fp8", ring_dtype="float32")
+    hooks.install(cfg, backend=request.param)
+    yield cfg, request.param
+    hooks.uninstall()
+
+
+def test_track_slot_enters_the_tree_and_serves_a_match(extra_buffer_args, replay_backend):
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 
+    replay_on, backend = replay_backend
     req_pool, cache = _pools()
     mp = req_pool.mamba_pool
+    assert mp.replay.backend == backend
     run = Run(req_pool, replay_on, torch.Generator().manual_seed(9))
     prompt = list(range(10, 16))                          # 6 tokens: decode tracks at 8 and 16
     a, hit = _admit(cache, req_pool, "a", prompt)
@@ -125,6 +145,16 @@ def test_track_slot_enters_the_tree_and_serves_a_match(extra_buffer_args, replay
     assert run.state_error(track) < TOL["float32"]        # the state at token 16, its ring folded in
     assert mp.replay.cursors["count"][:, track].eq(0).all()
     assert mp.replay.cursors["count"][:, slot_a].gt(0).any()   # the request's own slot kept decoding in its ring
+    # a row the mask leaves out (with a padded row beside it): nothing is flushed, copied or re-derived
+    before = _buffers(mp.replay)
+    rows = torch.cat((slot_a, torch.full_like(slot_a, -1)))
+    hlab.track_mamba_states_all_layers(mp.mamba_cache.conv[0], mp.mamba_cache.temporal, rows,
+                                       torch.zeros(2, dtype=torch.bool, device=DEVICE),
+                                       torch.cat((track, track)).to(DEVICE), 2)
+    after = _buffers(mp.replay)
+    for name in before:                                   # the cursors' padding column absorbs padded rows
+        keep = slice(None, -mp.replay.cursors[name[8:]].element_size()) if name.startswith("cursors.") else slice(None)
+        assert torch.equal(before[name][..., keep], after[name][..., keep]), name
 
     a.finished_reason = FINISH_LENGTH(length=13)
     a.refresh_fill_ids()

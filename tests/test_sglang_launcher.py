@@ -224,16 +224,17 @@ def gpu_platform(monkeypatch):
 
 
 def test_dry_run_extra_buffer(environ, capsys, gpu_platform, MODEL):
-    """extra_buffer's track copies read their row mask on the host inside the forward: no CUDA graphs."""
+    """extra_buffer's decode track copy keeps its row mask on the device: SGLang's CUDA graphs stay on."""
     strategy = ["--mamba-radix-cache-strategy", "extra_buffer"]
     out = _dry_run(capsys, ["--replay-ssm"] + MODEL + strategy)
     assert out["sglang_args"] == MODEL + strategy + ["--mamba-ssm-dtype", "float32", "--disable-overlap-schedule",
-                                                     "--disable-cuda-graph", "--linear-attn-decode-backend", "triton",
+                                                     "--linear-attn-decode-backend", "triton",
                                                      "--linear-attn-verify-backend", "triton"]
 
 
 def test_dry_run_extra_buffer_with_speculative_decoding(environ, capsys, gpu_platform, MODEL):
-    """Replay's commit moves SGLang's track slots too (``mamba2.commit_after_verify``)."""
+    """Replay's commit moves SGLang's track slots too (``mamba2.commit_after_verify``, which reads the
+    tracked steps on the host: no CUDA graphs)."""
     strategy = ["--mamba-radix-cache-strategy", "extra_buffer"]
     out = _dry_run(capsys, ["--replay-ssm"] + MODEL + SPEC + strategy)
     assert out["replay"]["max_draft_tokens"] == 3

@@ -129,9 +129,10 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
         # SGLang's no_buffer needs it; extra_buffer is verified with one track slot per request (the
         # overlap scheduler's second slot and its lookahead bookkeeping are not)
         sglang_args += ["--disable-overlap-schedule"]
-    if strategy == "extra_buffer" and "--disable-cuda-graph" not in rest:
-        # its track copies read their row mask on the host inside the forward, which a CUDA graph cannot
-        # capture; replay's decode and verify steps read no device value, so other modes keep SGLang's graphs
+    if strategy == "extra_buffer" and _flag_value(rest, "--speculative-algorithm") is not None \
+            and "--disable-cuda-graph" not in rest:
+        # the decode's track copy keeps its row mask on the device (graph-safe); the verify's track
+        # commit (mamba2.commit_after_verify) reads the tracked steps on the host
         sglang_args += ["--disable-cuda-graph"]
     for phase in ("decode", "verify"):                          # GDN / KDA: replay replaces the triton kernels
         flag = f"--linear-attn-{phase}-backend"
