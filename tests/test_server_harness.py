@@ -294,8 +294,11 @@ def test_serving_client_command_is_one_sglangs_client_accepts(tmp_path, workload
     bench_serving.write_tokenizer(tmp_path, 5000)
     args = bench_serving.main.__globals__["argparse"].Namespace(
         workload=workload, seed=0, waves=2, input_len=64, output_len=16, groups=2, prompts_per_group=2,
-        prefix_len=64, question_len=8)
+        prefix_len=64, question_len=8, request_rate=32.0)
     cmd = bench_serving.client_command(1, tmp_path, 4, tmp_path / "out.jsonl", args) + ["--ready-check-timeout-sec", "1"]
+    assert cmd[cmd.index("--request-rate") + 1] == "32.0"
+    with pytest.raises(SystemExit):
+        bench_serving.main(["--request-rate", "0", "--out", str(tmp_path / "refused")])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     text = out.stdout + out.stderr
     assert "unrecognized arguments" not in text and "invalid choice" not in text, text[-3000:]
@@ -410,7 +413,7 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
     args = bench_serving.argparse.Namespace(
         port=1, concurrency=[1, 4], input_len=8, output_len=4, workload="decode", no_prefill_graph=False,
         mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=5, weights="sglang-dummy",
-        speculative="none", repeat=2, server_log_level="warning")
+        speculative="none", repeat=2, server_log_level="warning", request_rate=None)
     servers = []
 
     def launch(cmd, port, log, env):

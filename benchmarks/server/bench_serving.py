@@ -8,7 +8,8 @@ For each model, each variant's server is started in turn (``launch_server``, the
 seeded weights in every variant, ``check_server.py``'s model folders and weights), warmed up, driven
 at each concurrency by the client with random token-id prompts (``--dataset-name random-ids
 --tokenize-prompt``: ``--input-len`` tokens in, ``--output-len`` out, ``ignore_eos``) and stopped.
-Only one server runs at a time, so each has the GPU to itself. The model folder gets a word-level
+``--request-rate R`` sends the requests as Poisson arrivals at R per second instead of all at once,
+so their rings flush at different steps as in serving. Only one server runs at a time, so each has the GPU to itself. The model folder gets a word-level
 tokenizer of the model's vocabulary (``t0 t1 ...``) so that the client and the server have one.
 
 ``--speculative mtp`` serves every variant with speculative decoding, the model's MTP layer drafting a
@@ -112,9 +113,11 @@ def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str,
 
 
 def client_command(port: int, model_dir: pathlib.Path, concurrency: int, out_file: pathlib.Path, args) -> list[str]:
-    """SGLang's benchmark client at one concurrency (``--num-prompts``: ``--waves`` requests per slot)."""
+    """SGLang's benchmark client at one concurrency (``--num-prompts``: ``--waves`` requests per slot),
+    sending requests at ``--request-rate`` per second (Poisson arrivals; None: all at once)."""
     common = [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host", "127.0.0.1",
-              "--port", str(port), "--tokenizer", str(model_dir), "--model", str(model_dir), "--request-rate", "inf",
+              "--port", str(port), "--tokenizer", str(model_dir), "--model", str(model_dir), "--request-rate",
+              "inf" if args.request_rate is None else str(args.request_rate),
               "--max-concurrency", str(concurrency), "--seed", str(args.seed), "--output-file", str(out_file),
               "--disable-tqdm", "--warmup-requests", str(min(concurrency, 8))]
     if args.workload == "prefix":
@@ -312,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--waves", type=int, default=2, help="requests per concurrency slot")
+    ap.add_argument("--request-rate", type=float, default=None,
+                    help="requests per second, Poisson arrivals (default: every request at once); a rate "
+                         "staggers the requests' starts, so their rings flush at different steps, as in serving")
     ap.add_argument("--repeat", type=int, default=1,
                     help="loads per concurrency on the same server (rows carry 'load' 1..N: the first runs the "
                          "server's first-use work, the later ones a warm server)")
@@ -360,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.repeat < 1:
         ap.error(f"--repeat: expected a positive count, got {args.repeat}")
+    if args.request_rate is not None and not 0 < args.request_rate < float("inf"):
+        ap.error(f"--request-rate: expected a positive finite rate (leave it out for every request at once), "
+                 f"got {args.request_rate}")
     if min(args.concurrency) < 1:
         ap.error(f"--concurrency: expected positive counts, got {args.concurrency}")
     if args.speculative == "mtp":
