@@ -9,8 +9,9 @@ seeded weights in every variant, ``check_server.py``'s model folders and weights
 at each concurrency by the client with random token-id prompts (``--dataset-name random-ids
 --tokenize-prompt``: ``--input-len`` tokens in, ``--output-len`` out, ``ignore_eos``) and stopped.
 ``--request-rate R`` sends the requests as Poisson arrivals at R per second instead of all at once,
-so their rings flush at different steps as in serving. Only one server runs at a time, so each has the GPU to itself. The model folder gets a word-level
-tokenizer of the model's vocabulary (``t0 t1 ...``) so that the client and the server have one.
+so their rings flush at different steps as in serving. Only one server runs at a time, so each has
+the GPU to itself. The model folder gets a word-level tokenizer of the model's vocabulary (``t0 t1
+...``) so that the client and the server have one.
 
 ``--speculative mtp`` serves every variant with speculative decoding, the model's MTP layer drafting a
 chain of ``--draft-tokens`` (SGLang's ``NEXTN``, topk 1; Qwen3.5 and Qwen3-Next, whose folders then
