@@ -327,22 +327,18 @@ def track_copy(copy, conv_states, ssm_states, cache_indices, mamba_track_mask, m
     SGLang's ``copy`` runs, and the destination rows' rings are emptied and read copies re-derived
     from the copied checkpoint. A state of no replay pool is copied as SGLang does.
 
-    On the Triton backend the mask stays on the device: a row it leaves out is a padded row (-1) of
-    the unchecked flush and refresh, which skip it, so the copy reads no device value and SGLang's
-    decode CUDA graphs capture it. On the reference backend the mask is read on the host.
+    The mask stays on the device: a row it leaves out is a padded row (-1) of the flush and refresh,
+    which skip it; on the Triton backend (unchecked verbs) the copy reads no device value, so SGLang's
+    decode CUDA graphs capture it.
     """
     found = _track_owner(ssm_states)
     if found is None:
         return copy(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size,
                     **kwargs)
     owner, layer = found
-    if checked(owner.replay):
-        mask = mamba_track_mask[:batch_size].to(device="cpu", dtype=torch.bool)
-        src, dst = cache_indices[:batch_size].cpu()[mask], mamba_track_indices[:batch_size].cpu()[mask]
-    else:
-        mask = mamba_track_mask[:batch_size].to(torch.bool)
-        src, dst = (torch.where(mask, rows[:batch_size].to(torch.int64), -1)
-                    for rows in (cache_indices, mamba_track_indices))
+    mask = mamba_track_mask[:batch_size].to(torch.bool)
+    src, dst = (torch.where(mask, rows[:batch_size].to(torch.int64), -1)
+                for rows in (cache_indices, mamba_track_indices))
     on_event("track source", owner, src, layer)
     result = copy(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size, **kwargs)
     on_event("track destination", owner, dst, layer)
