@@ -297,13 +297,19 @@ def test_serving_client_command_is_one_sglangs_client_accepts(tmp_path, workload
         prefix_len=64, question_len=8, request_rate=32.0)
     cmd = bench_serving.client_command(1, tmp_path, 4, tmp_path / "out.jsonl", args) + ["--ready-check-timeout-sec", "1"]
     assert cmd[cmd.index("--request-rate") + 1] == "32.0"
-    with pytest.raises(SystemExit):
-        bench_serving.main(["--request-rate", "0", "--out", str(tmp_path / "refused")])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     text = out.stdout + out.stderr
     assert "unrecognized arguments" not in text and "invalid choice" not in text, text[-3000:]
     assert "benchmark_args=" in out.stdout, text[-3000:]
     assert out.returncode != 0 and not (tmp_path / "out.jsonl").exists()
+
+
+def test_serving_refuses_a_request_rate_that_is_not_positive_and_finite(tmp_path):
+    import bench_serving
+
+    for rate in ("0", "-1", "inf"):
+        with pytest.raises(SystemExit):
+            bench_serving.main(["--request-rate", rate, "--out", str(tmp_path / "refused")])
 
 
 def test_serving_runs_each_variant_its_family_serves_and_writes_rows(tmp_path, monkeypatch):

@@ -272,9 +272,8 @@ def merge(paths: list[pathlib.Path]) -> dict:
         return (r["variant"], r["radix"], r["workload"], r.get("speculative"), r.get("concurrency"), r.get("load"))
 
     rows = [dict(r, run=i) for i, f in enumerate(files) for r in f["rows"]]
-    measured = [(i, key(r)) for i, r in enumerate(rows) if "output_throughput" in r]
-    kept = [r for i, r in enumerate(rows)
-            if "output_throughput" in r or not any(j > i and k == key(r) for j, k in measured)]
+    last_measured = {key(r): i for i, r in enumerate(rows) if "output_throughput" in r}
+    kept = [r for i, r in enumerate(rows) if "output_throughput" in r or last_measured.get(key(r), -1) < i]
     return dict(model=names[0], config=files[0]["config"],
                 runs=[dict(meta=f["meta"], args=f["args"], file=str(p)) for p, f in zip(paths, files)], rows=kept)
 
