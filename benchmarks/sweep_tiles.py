@@ -31,8 +31,8 @@ candidate (the candidates must agree):
 - flush_replay_vk, verify_flush_vk (GDN / KDA): flush_replay's columns, then the flush and
   staggered steps behind an fp8 read copy, and verify_flush's behind NVFP4 (all, half), on a
   [S, HV, V, K] checkpoint; the first row is the same step on [S, HV, K, V] at the kv tile in use
-  (what the vk rows should match), then the candidates: the read-copy encode's row maxima over the
-  tile (``rows_from_blocks=False``), the tile in use, rows / warps, stages, row_programs.
+  (what the vk rows should match), then the candidates: the tile in use, its key runs, rows / warps,
+  stages, row_programs, the read-copy encode's row maxima over the tile (``rows_from_blocks=False``).
 A step with flush rows is timed without moving the cursors, so every call folds the same window
 into the checkpoint again: there the candidates' outputs drift apart with the number of calls timed,
 and the max |dy| column holds that drift too (the kernel tests check the tiles' results).
@@ -162,15 +162,18 @@ for _fam in ("mamba2", "delta"):
     _tile = ops.TILES[_fam]["verify"]
     CANDIDATES[_fam]["verify"] += [dict(_tile, tokens=n) for n in (2, 8, 16) if n != _tile.get("tokens", 2)]
 CANDIDATES["delta"]["decode_vk"] += [dict(ops.TILES["kda"]["decode_vk"], fold_stages=fs) for fs in (4, 1, 2, 3)]
-# the replay behind a read copy on a [S, HV, V, K] checkpoint: the encode's row maxima taken over the tile
-# (rows_from_blocks=False, as before) and over the block maxima (in use), then one change at a time from the tile
+# the replay behind a read copy on a [S, HV, V, K] checkpoint: the tile in use, its key runs (0: the [K, BV]
+# tile, whose lanes all lie along K), then one change at a time from the tile, and the encode's row maxima
+# taken over the tile (rows_from_blocks=False)
 _tile = ops.TILES["delta"]["flush_replay_vk"]
-CANDIDATES["delta"]["flush_replay_vk"] = [dict(_tile, rows_from_blocks=False), dict(_tile),
-                                          dict(_tile, rows=32, num_warps=2), dict(_tile, stages=1),
-                                          dict(_tile, row_programs=16)]
+CANDIDATES["delta"]["flush_replay_vk"] = [dict(_tile), dict(_tile, key_runs=0), dict(_tile, key_runs=16),
+                                          dict(_tile, key_runs=64), dict(_tile, rows=32, num_warps=2),
+                                          dict(_tile, rows=32), dict(_tile, stages=1), dict(_tile, stages=3),
+                                          dict(_tile, row_programs=16), dict(_tile, rows_from_blocks=False)]
 _tile = ops.TILES["delta"]["verify_flush_vk"]
-CANDIDATES["delta"]["verify_flush_vk"] = [dict(_tile, rows_from_blocks=False), dict(_tile),
-                                          dict(_tile, rows=32, num_warps=2), dict(_tile, row_programs=4)]
+CANDIDATES["delta"]["verify_flush_vk"] = [dict(_tile), dict(_tile, key_runs=0), dict(_tile, key_runs=16),
+                                          dict(_tile, rows=32, num_warps=2), dict(_tile, row_programs=4),
+                                          dict(_tile, rows_from_blocks=False)]
 # the _vk kinds whose first row is the same step on a [S, HV, K, V] checkpoint at the kv kind's tile in use
 KV_ROW = {"flush_replay_vk": "flush_replay", "verify_flush_vk": "verify_flush"}
 # kind -> [(column, read format, tokens, fill)]; the _vk kinds run on a [S, HV, V, K] checkpoint (the

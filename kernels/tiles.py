@@ -22,7 +22,11 @@ columns and depth, default ``stages``); ``row_programs`` (programs per (tile, he
 flush pass's rows; tiles not swept take 16); ``tokens`` (a verify pads its T tokens to a power of
 two at least this, default 2); ``rows_from_blocks`` (the delta flush pass's read-copy encode takes the row maxima over the block
 maxima, so that its divisions are not repeated in every lane along K; default False);
-``fold=False`` (sweeps and tests only: a step on the checkpoint takes the flush pass instead).
+``key_runs`` (the delta flush pass behind a read copy: its checkpoint tile as runs of this many key
+channels, value rows across the lanes, kept in that shape through the replay, so that each entry's
+reduction over K stays mostly within a thread on a ``[S, HV, V, K]`` checkpoint; default 0, one
+``[K, BV]`` tile); ``fold=False`` (sweeps and tests only: a step on the checkpoint takes the flush
+pass instead).
 """
 
 TILES = {
@@ -43,12 +47,12 @@ TILES = {
               "flush": dict(rows=32, num_warps=4, stages=2, dot="tf32x3", row_programs=16),
               "flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
               "flush_replay": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4),
-              "flush_replay_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4,
+              "flush_replay_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4, key_runs=32,
                                      rows_from_blocks=True),
               "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3", tokens=8),
               "verify_read": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
               "verify_flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
-              "verify_flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16,
+              "verify_flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16, key_runs=16,
                                      rows_from_blocks=True)},
     "kda": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=3,
                            dot="tf32x3"),
@@ -57,5 +61,9 @@ TILES = {
             "flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
             # the verify folds its flush rows (unpipelined, through the decode's _fold_rows)
             "verify": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
-            "verify_read": dict(rows=128, num_warps=4, chunk=32, stages=2, dot="tf32x3")},
+            "verify_read": dict(rows=128, num_warps=4, chunk=32, stages=2, dot="tf32x3"),
+            "flush_replay_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4, key_runs=64,
+                                   rows_from_blocks=True),
+            "verify_flush_vk": dict(rows=32, num_warps=2, stages=2, dot="tf32x3", row_programs=16, key_runs=32,
+                                   rows_from_blocks=True)},
 }

@@ -417,17 +417,22 @@ def test_decode_tiles_of_several_chunks(monkeypatch, family, layout, read_format
         assert rms_ratio(tri.read_state(0, st), ref.read_state(0, sr)) < 1e-5
 
 
-VK_CASES = [("tiny", "gdn", "nvfp4", "float32"), ("tiny", "gdn", "nvfp4", "float16_sr"),
-            ("tiny", "gdn", "fp8", "float32"), ("tiny", "kda", "nvfp4", "float32"), ("tiny", "kda", "fp8", "bfloat16")]
+# (dims, family, read format, checkpoint dtype, the flush tiles' key runs: None = the tiles'; tiny dims
+# have K = 32, so 16 is two runs, 0 the [K, BV] tile)
+VK_CASES = [("tiny", "gdn", "nvfp4", "float32", None), ("tiny", "gdn", "nvfp4", "float16_sr", 16),
+            ("tiny", "gdn", "fp8", "float32", 0), ("tiny", "kda", "nvfp4", "float32", 16),
+            ("tiny", "kda", "fp8", "bfloat16", None)]
 if CUDA:
-    VK_CASES += [("real", f, rf, "float32") for f in ("gdn", "kda") for rf in ("fp8", "nvfp4")]
+    VK_CASES += [("real", f, rf, "float32", None) for f in ("gdn", "kda") for rf in ("fp8", "nvfp4")]
 
 
-@pytest.mark.parametrize("dims,family,read_format,checkpoint_dtype", VK_CASES)
-def test_vk_read_copy_passes_match_kv_and_reference(dims, family, read_format, checkpoint_dtype):
+@pytest.mark.parametrize("dims,family,read_format,checkpoint_dtype,key_runs", VK_CASES)
+def test_vk_read_copy_passes_match_kv_and_reference(dims, family, read_format, checkpoint_dtype, key_runs,
+                                                    monkeypatch):
     """Behind a read copy on a ``[S, HV, V, K]`` checkpoint (the flush passes' ``flush_replay_vk`` /
-    ``verify_flush_vk`` tiles; tiny dims: K = 32; real dims: the model's): decodes, verifies
-    (T = 2 to 4) with flush rows, a flush-only launch, padded rows, two value tiles (tiny: V = 20).
+    ``verify_flush_vk`` tiles, at their key runs or ``key_runs``; tiny dims: K = 32; real dims: the
+    model's): decodes, verifies (T = 2 to 4) with flush rows, a flush-only launch, padded rows, two
+    value tiles (tiny: V = 20).
     Against the reference and the same steps on a ``[S, HV, K, V]`` checkpoint: outputs
     (NaN-poisoned) within the pair tolerance, padded rows zero, rings and cursors bit-exact, the
     read copy byte for byte the encoding of the stored checkpoint, the checkpoints alike, and the
@@ -436,6 +441,10 @@ def test_vk_read_copy_passes_match_kv_and_reference(dims, family, read_format, c
         spec = MODEL_SPECS["qwen3.5" if family == "gdn" else "kimi-linear"]
     else:
         spec = getattr(rs.LayerSpec, family)(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=20)
+    if key_runs is not None:
+        table = ops.TILES["kda" if family == "kda" else "delta"]
+        for kind in ("flush_replay_vk", "verify_flush_vk"):
+            monkeypatch.setitem(table, kind, dict(table[kind], key_runs=key_runs))
     cfg = rs.ReplayConfig(window=4, max_draft_tokens=3, read_format=read_format, checkpoint_dtype=checkpoint_dtype,
                           seed=3)
     NL, S, n = 1, 4, 3

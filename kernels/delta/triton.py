@@ -50,7 +50,7 @@ def _delta_flush_kernel(
     BV: tl.constexpr, BM: tl.constexpr, COMMITTED: tl.constexpr,
     PER_CHANNEL: tl.constexpr, HAS_QS: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     ROW_CODE_BYTES: tl.constexpr, CODE_MAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr,
-    ROW_PROGRAMS: tl.constexpr, SCAN_ROWS: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr,
+    ROW_PROGRAMS: tl.constexpr, SCAN_ROWS: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr, KEY_RUNS: tl.constexpr,
 ):
     """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
 
@@ -67,8 +67,12 @@ def _delta_flush_kernel(
     blocks), so that a step where few rows flush launches no program per row.
 
     ``ROWS_FROM_BLOCKS``: the read copy's encode as :func:`store_read_copy` says (the tile's lanes
-    along K, as a ``[S, HV, V, K]`` checkpoint loads)."""
+    along K, as a ``[S, HV, V, K]`` checkpoint loads). ``KEY_RUNS`` > 0 (behind a read copy only): the
+    replay holds the tile as runs of that many key channels, value rows across the lanes, from the
+    load through the stores, so that an entry's reduction over K stays mostly within a thread where
+    K is the contiguous axis (README.md beside this file)."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
+    tl.static_assert(KEY_RUNS == 0 or READ_FMT != READ_CHECKPOINT, "key runs are a replay's (behind a read copy)")
     # a verify of T > 1 tokens on the checkpoint: the verify kernel has evaluated and appended every row's
     # tokens (T = 1 verifies run the decode kernel, which leaves flush rows to this pass)
     EVALUATED: tl.constexpr = (not COMMITTED) and (T > 1) and (READ_FMT == READ_CHECKPOINT)
@@ -95,69 +99,123 @@ def _delta_flush_kernel(
             else:
                 rg = ring_g + (sl * HV + h) * capacity
 
-            S = load_ckpt_tile(ck, c_k, c_v, pid_v * BV, V, K, BV).to(tl.float32)           # [K, BV]
             n_fold = count + T if COMMITTED else count
-            if READ_FMT == READ_CHECKPOINT:
-                # the history's d came from this checkpoint: fold it as one product
-                hist = e < count
-                pos = (origin + e) % capacity
-                k_hist = tl.load(rk + pos[:, None] * K + ok[None, :], mask=hist[:, None],
-                                 other=0.0).to(tl.float32)  # [BM, K]
-                d_hist = tl.load(rd + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :],
-                                 other=0.0)                                                         # [BM, BV]
-                if PER_CHANNEL:
-                    g_w = tl.load(rg + pos[:, None] * K + ok[None, :], mask=hist[:, None], other=0.0)       # [BM, K]
-                    g_e = tl.sum(g_w, axis=0)                                                       # [K]
-                    w_h = k_hist * tl.exp(g_e[None, :] - tl.cumsum(g_w, axis=0))
-                    S = S * tl.exp(g_e)[:, None]
-                else:
-                    g_w = tl.load(rg + pos, mask=hist, other=0.0)                                   # [BM]
-                    g_e = tl.sum(g_w, axis=0)
-                    w_h = k_hist * tl.exp(g_e - tl.cumsum(g_w, axis=0))[:, None]
-                    S = S * tl.exp(g_e)
-                S += tl.dot(tl.trans(w_h), d_hist, input_precision=DOT)
-                j0 = count
-            else:
-                j0 = 0
-            # exact steps: the committed entries not folded above (all of them behind a read copy, else
-            # a decode's own token) replay on the checkpoint tile; each entry's raw inputs come from the
-            # ring (j < count) or this step's tokens, loaded branch-free so that the next entries' loads
-            # are in flight during this entry's update
-            dj = tl.zeros([BV], dtype=tl.float32)
-            for j in tl.range(j0, n_fold, num_stages=STAGES):
-                p = (origin + j) % capacity
-                rj = j < count
-                t = tl.maximum(j - count, 0)
-                kj = (tl.load(rk + p * K + ok, mask=(ok < K) & rj, other=0.0).to(tl.float32)
-                      + tl.load(k + i * k_r + t * k_t + hk * k_h + ok, mask=(ok < K) & ~rj, other=0.0).to(tl.float32))
-                vj = (tl.load(rv + p * V + ov, mask=vmask & rj, other=0.0).to(tl.float32)
-                      + tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask & ~rj, other=0.0).to(tl.float32))
-                bj = (tl.load(rbeta + p, mask=rj, other=0.0)
-                      + tl.load(beta + i * be_r + t * be_t + h, mask=~rj, other=0.0).to(tl.float32))
-                if PER_CHANNEL:
-                    gj = (tl.load(rg + p * K + ok, mask=(ok < K) & rj, other=0.0)
-                          + tl.load(g + i * g_r + t * g_t + h * g_h + ok, mask=(ok < K) & ~rj,
-                                    other=0.0).to(tl.float32))
-                    S = S * tl.exp(gj)[:, None]
-                else:
-                    gj = (tl.load(rg + p, mask=rj, other=0.0)
-                          + tl.load(g + i * g_r + t * g_t + h, mask=~rj, other=0.0).to(tl.float32))
-                    S = S * tl.exp(gj)
-                dj = bj * (vj - tl.sum(S * kj[:, None], axis=0))
-                S += kj[:, None] * dj[None, :]
-            if COMMITTED:
-                qj = tl.load(q + i * q_r + hk * q_h + ok).to(tl.float32)
-                o = scale * q_factor(qs + i * qs_r + hk * qs_h, HAS_QS) * tl.sum(S * qj[:, None], axis=0)
-                tl.store(out + i * o_r + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
-                tl.store(rd + ((origin + n_fold - 1) % capacity) * V + ov, dj, mask=vmask)
             ep = tl.load(epoch_ptr + sl)
-            index = h * (K * V) + ok[:, None] * V + ov[None, :]
-            stored = round_checkpoint(S, index, sr_base, ep, CKPT_FMT)
-            store_ckpt_tile(ck, c_k, c_v, stored, pid_v * BV, V, K, BV)
-            if READ_FMT != READ_CHECKPOINT:
+            if KEY_RUNS > 0:
+                # behind a read copy, the tile as [BV / VR, VR, K / KEY_RUNS, KEY_RUNS] (value row a VR + b,
+                # channel c KEY_RUNS + j at [a, b, c, j]): where K is contiguous, a run of KEY_RUNS channels is
+                # one piece of memory over KEY_RUNS / (16 bytes) lanes, the warp's other lanes take value rows,
+                # VR adjacent ones each (so that an entry's v loads as one copy of VR values, which the loop
+                # pipelines), and the K / KEY_RUNS runs sit in registers: each entry's reduction over K then
+                # stays mostly within a thread, where one [K, BV] load spreads all 32 lanes along K
+                VEC: tl.constexpr = 128 // ckpt.dtype.element_ty.primitive_bitwidth        # values in 16 bytes
+                LV: tl.constexpr = 32 // (KEY_RUNS // VEC) if KEY_RUNS > VEC else 32      # lanes over value rows
+                VR: tl.constexpr = BV // LV if BV > LV else 1
+                okr = tl.arange(0, K // KEY_RUNS)[:, None] * KEY_RUNS + tl.arange(0, KEY_RUNS)[None, :]   # [K/KR, KR]
+                ovr = pid_v * BV + tl.arange(0, BV // VR)[:, None] * VR + tl.arange(0, VR)[None, :]       # [BV/VR, VR]
+                vrm = ovr < V
+                S4 = tl.load(ck + ovr[:, :, None, None] * c_v + okr[None, None, :, :] * c_k,
+                             mask=vrm[:, :, None, None], other=0.0).to(tl.float32)        # [BV/VR, VR, K/KR, KR]
+                d4 = tl.zeros([BV // VR, VR], dtype=tl.float32)
+                for j in tl.range(0, n_fold, num_stages=STAGES):
+                    p = (origin + j) % capacity
+                    rj = j < count
+                    t = tl.maximum(j - count, 0)
+                    kj = (tl.load(rk + p * K + okr, mask=rj, other=0.0).to(tl.float32)
+                          + tl.load(k + i * k_r + t * k_t + hk * k_h + okr, mask=~rj, other=0.0).to(tl.float32))
+                    vj = (tl.load(rv + p * V + ovr, mask=vrm & rj, other=0.0).to(tl.float32)
+                          + tl.load(v + i * v_r + t * v_t + h * v_h + ovr, mask=vrm & ~rj, other=0.0).to(tl.float32))
+                    bj = (tl.load(rbeta + p, mask=rj, other=0.0)
+                          + tl.load(beta + i * be_r + t * be_t + h, mask=~rj, other=0.0).to(tl.float32))
+                    if PER_CHANNEL:
+                        gj = (tl.load(rg + p * K + okr, mask=rj, other=0.0)
+                              + tl.load(g + i * g_r + t * g_t + h * g_h + okr, mask=~rj, other=0.0).to(tl.float32))
+                        S4 = S4 * tl.exp(gj)[None, None, :, :]
+                    else:
+                        gj = (tl.load(rg + p, mask=rj, other=0.0)
+                              + tl.load(g + i * g_r + t * g_t + h, mask=~rj, other=0.0).to(tl.float32))
+                        S4 = S4 * tl.exp(gj)
+                    # the runs first (within a thread), then the run's channels
+                    d4 = bj * (vj - tl.sum(tl.sum(S4 * kj[None, None, :, :], axis=2), axis=2))
+                    S4 += kj[None, None, :, :] * d4[:, :, None, None]
+                if COMMITTED:
+                    q4 = tl.load(q + i * q_r + hk * q_h + okr).to(tl.float32)
+                    o4 = (scale * q_factor(qs + i * qs_r + hk * qs_h, HAS_QS)
+                          * tl.sum(tl.sum(S4 * q4[None, None, :, :], axis=2), axis=2))
+                    tl.store(out + i * o_r + h * o_h + ovr, o4.to(out.dtype.element_ty), mask=vrm)
+                    tl.store(rd + ((origin + n_fold - 1) % capacity) * V + ovr, d4, mask=vrm)
+                # stored from the runs' layout; the read copy encodes its [BV, K] rows
+                stored4 = round_checkpoint(S4, h * (K * V) + okr[None, None, :, :] * V + ovr[:, :, None, None],
+                                           sr_base, ep, CKPT_FMT)
+                tl.store(ck + ovr[:, :, None, None] * c_v + okr[None, None, :, :] * c_k, stored4,
+                         mask=vrm[:, :, None, None])
                 store_read_copy(rc_codes + head * ROW_CODE_BYTES, rc_bs + head * (K // 16), rc_rs + head,
-                                tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, CODE_MAX, BV, K, ROW_CODE_BYTES,
-                                ROWS_FROM_BLOCKS)
+                                tl.reshape(stored4.to(tl.float32), (BV, K)), ov, vmask, READ_FMT, CODE_MAX, BV, K,
+                                ROW_CODE_BYTES, ROWS_FROM_BLOCKS)
+                S = tl.trans(tl.reshape(S4, (BV, K)))                                # [K, BV], a verify's tokens
+            else:
+                S = load_ckpt_tile(ck, c_k, c_v, pid_v * BV, V, K, BV).to(tl.float32)           # [K, BV]
+                if READ_FMT == READ_CHECKPOINT:
+                    # the history's d came from this checkpoint: fold it as one product
+                    hist = e < count
+                    pos = (origin + e) % capacity
+                    k_hist = tl.load(rk + pos[:, None] * K + ok[None, :], mask=hist[:, None],
+                                     other=0.0).to(tl.float32)  # [BM, K]
+                    d_hist = tl.load(rd + pos[:, None] * V + ov[None, :], mask=hist[:, None] & vmask[None, :],
+                                     other=0.0)                                                         # [BM, BV]
+                    if PER_CHANNEL:
+                        g_w = tl.load(rg + pos[:, None] * K + ok[None, :], mask=hist[:, None], other=0.0)   # [BM, K]
+                        g_e = tl.sum(g_w, axis=0)                                                       # [K]
+                        w_h = k_hist * tl.exp(g_e[None, :] - tl.cumsum(g_w, axis=0))
+                        S = S * tl.exp(g_e)[:, None]
+                    else:
+                        g_w = tl.load(rg + pos, mask=hist, other=0.0)                                   # [BM]
+                        g_e = tl.sum(g_w, axis=0)
+                        w_h = k_hist * tl.exp(g_e - tl.cumsum(g_w, axis=0))[:, None]
+                        S = S * tl.exp(g_e)
+                    S += tl.dot(tl.trans(w_h), d_hist, input_precision=DOT)
+                    j0 = count
+                else:
+                    j0 = 0
+                # exact steps: the committed entries not folded above (all of them behind a read copy, else
+                # a decode's own token) replay on the checkpoint tile; each entry's raw inputs come from the
+                # ring (j < count) or this step's tokens, loaded branch-free so that the next entries' loads
+                # are in flight during this entry's update
+                dj = tl.zeros([BV], dtype=tl.float32)
+                for j in tl.range(j0, n_fold, num_stages=STAGES):
+                    p = (origin + j) % capacity
+                    rj = j < count
+                    t = tl.maximum(j - count, 0)
+                    kj = (tl.load(rk + p * K + ok, mask=(ok < K) & rj, other=0.0).to(tl.float32)
+                          + tl.load(k + i * k_r + t * k_t + hk * k_h + ok, mask=(ok < K) & ~rj,
+                                    other=0.0).to(tl.float32))
+                    vj = (tl.load(rv + p * V + ov, mask=vmask & rj, other=0.0).to(tl.float32)
+                          + tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask & ~rj, other=0.0).to(tl.float32))
+                    bj = (tl.load(rbeta + p, mask=rj, other=0.0)
+                          + tl.load(beta + i * be_r + t * be_t + h, mask=~rj, other=0.0).to(tl.float32))
+                    if PER_CHANNEL:
+                        gj = (tl.load(rg + p * K + ok, mask=(ok < K) & rj, other=0.0)
+                              + tl.load(g + i * g_r + t * g_t + h * g_h + ok, mask=(ok < K) & ~rj,
+                                        other=0.0).to(tl.float32))
+                        S = S * tl.exp(gj)[:, None]
+                    else:
+                        gj = (tl.load(rg + p, mask=rj, other=0.0)
+                              + tl.load(g + i * g_r + t * g_t + h, mask=~rj, other=0.0).to(tl.float32))
+                        S = S * tl.exp(gj)
+                    dj = bj * (vj - tl.sum(S * kj[:, None], axis=0))
+                    S += kj[:, None] * dj[None, :]
+                if COMMITTED:
+                    qj = tl.load(q + i * q_r + hk * q_h + ok).to(tl.float32)
+                    o = scale * q_factor(qs + i * qs_r + hk * qs_h, HAS_QS) * tl.sum(S * qj[:, None], axis=0)
+                    tl.store(out + i * o_r + h * o_h + ov, o.to(out.dtype.element_ty), mask=vmask)
+                    tl.store(rd + ((origin + n_fold - 1) % capacity) * V + ov, dj, mask=vmask)
+                index = h * (K * V) + ok[:, None] * V + ov[None, :]
+                stored = round_checkpoint(S, index, sr_base, ep, CKPT_FMT)
+                store_ckpt_tile(ck, c_k, c_v, stored, pid_v * BV, V, K, BV)
+                if READ_FMT != READ_CHECKPOINT:
+                    store_read_copy(rc_codes + head * ROW_CODE_BYTES, rc_bs + head * (K // 16), rc_rs + head,
+                                    tl.trans(stored.to(tl.float32)), ov, vmask, READ_FMT, CODE_MAX, BV, K,
+                                    ROW_CODE_BYTES, ROWS_FROM_BLOCKS)
             if not (COMMITTED or EVALUATED):
                 # a verify's tokens, evaluated from the folded state S (exact): the window is the T tokens
                 wmask = e < T
