@@ -66,18 +66,22 @@ def read_format_table(t):
 
 
 def layout_table(t):
-    """GDN / KDA with the checkpoint in a framework's [slots, HV, V, K] layout, as the SGLang and TRT-LLM adapters bind it."""
-    rows = ["| model | batch | non-flush w=7 µs (pool / vk) | flush µs (pool / vk) | amortized µs (pool / vk) | "
-            "SGLang replay amortized µs | vs SGLang (vk) |", "|---|---|---|---|---|---|---|"]
+    """GDN / KDA amortized steps with the checkpoint in the pool's [slots, HV, K, V] layout (kv) and in a
+    framework's [slots, HV, V, K] (vk), as the SGLang and TRT-LLM adapters bind it, per read format, with
+    SGLang's replay kernel."""
+    rows = ["| model | batch | checkpoint µs (kv / vk) | fp8 µs (kv / vk) | NVFP4 µs (kv / vk) | "
+            "vk / kv (checkpoint, fp8, NVFP4) | SGLang replay µs | vk vs SGLang (fp32 / NVFP4) |",
+            "|---|---|---|---|---|---|---|---|"]
+    window = "ours amortized (16-step window"
     for (model, batch), m in sorted(t.items()):
-        vk = m.get("ours amortized (16-step window, vk state)")
-        if vk is None:
+        if f"{window}, vk state)" not in m:
             continue
+        kv = [m[f"{window}){s}"]["us"] for s in ("", " fp8", " nvfp4")]
+        vk = [m[f"{window}, vk state){s}"]["us"] for s in ("", " fp8", " nvfp4")]
         sg = sglang_amortized(m)
-        rows.append(f"| {model} | {batch} | {m['ours non-flush w=7']['us']:.0f} / {m['ours non-flush w=7 (vk state)']['us']:.0f} | "
-                    f"{m['ours flush']['us']:.0f} / {m['ours flush (vk state)']['us']:.0f} | "
-                    f"{m['ours amortized (16-step window)']['us']:.1f} / {vk['us']:.1f} | "
-                    + (f"{sg:.1f} | {sg / vk['us']:.2f}x |" if sg else "– | – |"))
+        rows.append(f"| {model} | {batch} | " + " | ".join(f"{a:.1f} / {b:.1f}" for a, b in zip(kv, vk))
+                    + " | " + ", ".join(f"{b / a:.2f}" for a, b in zip(kv, vk)) + " | "
+                    + (f"{sg:.1f} | {sg / vk[0]:.2f}x / {sg / vk[2]:.2f}x |" if sg else "– | – |"))
     return "\n".join(rows)
 
 

@@ -16,8 +16,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 def tables():
     _, t = report.load(RESULTS / "bench-decode-h200.json")
     copy = t[("copy", 0)]["device copy 1 GiB, no graph"]["gbps"]
+    _, vk = report.load(RESULTS / "bench-decode-vk-h200.json")   # both layouts, every read format
     return {"every batch": report.decode_table(t, copy), "steady state": report.staggered_table(t),
-            "read copies": report.read_format_table(t), "state layout": report.layout_table(t),
+            "read copies": report.read_format_table(t), "state layout": report.layout_table(vk),
             "verify T = 8": report.verify_t8_table(t)}
 
 
