@@ -17,7 +17,8 @@ from helpers import SPECS, TOL, Params, f64, make_inputs, rms_ratio, step_oracle
 from shapes import MODEL_SPECS
 
 from replayssm.kernels import ops, plan
-from replayssm.kernels.formats.triton import READ_CODES, dot_fp32, e2m1_encode, load_read_words, word_values
+from replayssm.kernels.formats.triton import (READ_CODES, dot_fp32, e2m1_encode, fp16_stochastic_round,
+                                              load_read_words, word_values)
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -294,6 +295,37 @@ def test_e2m1_encode_matches_the_reference_ladder():
     out = torch.full((4096,), 255, dtype=torch.uint8, device=DEVICE)
     _e2m1_kernel[(1,)](x.to(DEVICE), out, N=4096)
     assert torch.equal(out.cpu(), rs.formats.e2m1_encode(x))
+
+
+@triton.jit
+def _fp16_sr_kernel(x, u, out, N: tl.constexpr):
+    o = tl.program_id(0) * N + tl.arange(0, N)
+    tl.store(out + o, fp16_stochastic_round(tl.load(x + o), tl.load(u + o)))
+
+
+def test_fp16_stochastic_round_matches_the_reference_bit_for_bit():
+    """The kernels' stochastic rounding to fp16 (the probability of rounding up as ``(a - lo)`` times
+    the exact reciprocal of the power-of-two gap) gives the reference's fp16 bits, which divide by the
+    gap: at fp16 values and one fp32 ulp either side, across the normal and subnormal binades, at the
+    saturation bound and beyond, at zero and random values of both signs, each with draws just below
+    and above its probability and random draws."""
+    gen = torch.Generator().manual_seed(11)
+    h = torch.arange(0, 0x7C00, 37, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    near = torch.cat([h, torch.nextafter(h, torch.tensor(1e6)), torch.nextafter(h, torch.tensor(0.0))])
+    rnd = torch.cat([torch.randn(2048, generator=gen) * 10.0 ** torch.randint(-8, 5, (2048,), generator=gen),
+                     torch.tensor([65504.0, 65519.0, 7e4, 1e9, 0.0, -0.0, 5.9e-8, 3e-8])])
+    x = torch.cat([near, -near, rnd])
+    x = x[: (x.numel() // 1024) * 1024]
+    a = x.abs().clamp(max=65504.0)
+    lo = rs.formats.fp16_stochastic_round(x.abs(), torch.ones_like(x) * 0.999999).float()   # never up
+    hi = rs.formats.fp16_stochastic_round(x.abs(), torch.zeros_like(x)).float()             # up if any
+    p = torch.where(hi > lo, (a - lo) / torch.where(hi > lo, hi - lo, torch.ones_like(a)), torch.zeros_like(a))
+    below, above = torch.nextafter(p, torch.tensor(0.0)), torch.nextafter(p, torch.tensor(1.0)).clamp(max=0.999)
+    for u in (below, above, torch.rand(x.shape, generator=gen)):
+        out = torch.zeros(x.shape, dtype=torch.float16, device=DEVICE)
+        _fp16_sr_kernel[(x.numel() // 1024,)](x.to(DEVICE), u.to(DEVICE), out, N=1024)
+        want = rs.formats.fp16_stochastic_round(x, u)
+        assert torch.equal(out.cpu().view(torch.int16), want.view(torch.int16))
 
 
 def _is_tf32(x):

@@ -49,7 +49,10 @@ def fp16_stochastic_round(x, u):
     up = tl.minimum(hb + 1, 0x7BFF)
     hi = up.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     gap = hi - lo
-    p = tl.where(gap > 0, tl.math.div_rn(a - lo, tl.where(gap > 0, gap, 1.0)), 0.0)
+    # gap is a power of two (adjacent fp16 values, 2^-24 <= gap <= 32) or 0 at the saturation bound:
+    # its reciprocal is exact from the exponent bits, and (a - lo) / gap = (a - lo) * (1 / gap) exactly
+    inv_gap = ((254 - (gap.to(tl.int32, bitcast=True) >> 23)) << 23).to(tl.float32, bitcast=True)
+    p = tl.where(gap > 0, (a - lo) * inv_gap, 0.0)
     hb = tl.where(u < p, up, hb)
     hb = tl.where(x < 0, hb | 0x8000, hb)
     out = hb.to(tl.int16).to(tl.float16, bitcast=True)
