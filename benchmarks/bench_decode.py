@@ -121,13 +121,15 @@ def load_peers(root: str | None) -> dict:
 class Layer:
     """A one-layer pool at model dims with random state and bf16 inputs; steps call the ops directly."""
 
-    def __init__(self, spec, batch, read_format="checkpoint", max_draft_tokens=0, seed=0, state_layout="kv"):
+    def __init__(self, spec, batch, read_format="checkpoint", max_draft_tokens=0, seed=0, state_layout="kv",
+                 checkpoint_dtype="float32"):
         self.spec, self.batch = spec, batch
         self.cfg = rs.ReplayConfig(window=WINDOW, max_draft_tokens=max_draft_tokens, read_format=read_format,
-                                   ring_dtype="bfloat16")
+                                   ring_dtype="bfloat16", checkpoint_dtype=checkpoint_dtype)
         owned = None
         if state_layout == "vk":   # a framework's [slots, HV, V, K] state (SGLang's, TRT-LLM's GDN)
-            owned = torch.zeros(1, batch, *spec.state_shape[:-2], *spec.state_shape[-2:][::-1], device=DEV)
+            owned = torch.zeros(1, batch, *spec.state_shape[:-2], *spec.state_shape[-2:][::-1], device=DEV,
+                                dtype=self.cfg.torch_checkpoint_dtype)
         self.pool = rs.StatePool(spec, self.cfg, num_layers=1, num_slots=batch, device=DEV, backend="triton",
                                  checkpoint=owned, state_layout=state_layout)
         self.slots = self.pool.alloc(batch)

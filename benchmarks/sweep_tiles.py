@@ -5,7 +5,7 @@
                                               flush_replay,verify_flush,verify_fold,flush_replay_vk,
                                               verify_flush_vk]
                                      [--pick 0,-1] [--q-dtype bfloat16|float32] [--verify-tokens 2,4,8]
-                                     [--json OUT.json]
+                                     [--checkpoint-dtype float32|float16_sr|bfloat16] [--json OUT.json]
 
 Per model and kind, each candidate's step time, and the largest output difference from the first
 candidate (the candidates must agree):
@@ -162,18 +162,23 @@ for _fam in ("mamba2", "delta"):
     _tile = ops.TILES[_fam]["verify"]
     CANDIDATES[_fam]["verify"] += [dict(_tile, tokens=n) for n in (2, 8, 16) if n != _tile.get("tokens", 2)]
 CANDIDATES["delta"]["decode_vk"] += [dict(ops.TILES["kda"]["decode_vk"], fold_stages=fs) for fs in (4, 1, 2, 3)]
-# the replay behind a read copy on a [S, HV, V, K] checkpoint: the tile in use, its key runs (0: the [K, BV]
-# tile, whose lanes all lie along K), then one change at a time from the tile, and the encode's row maxima
-# taken over the tile (rows_from_blocks=False)
-_tile = ops.TILES["delta"]["flush_replay_vk"]
-CANDIDATES["delta"]["flush_replay_vk"] = [dict(_tile), dict(_tile, key_runs=0), dict(_tile, key_runs=16),
-                                          dict(_tile, key_runs=64), dict(_tile, rows=32, num_warps=2),
-                                          dict(_tile, rows=32), dict(_tile, stages=1), dict(_tile, stages=3),
-                                          dict(_tile, row_programs=16), dict(_tile, rows_from_blocks=False)]
-_tile = ops.TILES["delta"]["verify_flush_vk"]
-CANDIDATES["delta"]["verify_flush_vk"] = [dict(_tile), dict(_tile, key_runs=0), dict(_tile, key_runs=16),
-                                          dict(_tile, rows=32, num_warps=2), dict(_tile, row_programs=4),
-                                          dict(_tile, rows_from_blocks=False)]
+# the replay behind a read copy on a [S, HV, V, K] checkpoint: the family's tile in use, its key runs (0: the
+# [K, BV] tile, whose lanes all lie along K), then one change at a time from the tile, and the encode's row
+# maxima taken over the tile (rows_from_blocks=False); KDA's from its own entries (sweep())
+
+
+def vk_candidates(kind: str, tile: dict) -> list[dict]:
+    """The candidates of a _vk kind around ``tile``, the family's tile in use."""
+    if kind == "flush_replay_vk":
+        return [dict(tile), dict(tile, key_runs=0), dict(tile, key_runs=16), dict(tile, key_runs=64),
+                dict(tile, rows=32, num_warps=2), dict(tile, rows=32), dict(tile, stages=1), dict(tile, stages=3),
+                dict(tile, row_programs=16), dict(tile, rows_from_blocks=False)]
+    return [dict(tile), dict(tile, key_runs=0), dict(tile, key_runs=16), dict(tile, rows=32, num_warps=2),
+            dict(tile, row_programs=4), dict(tile, rows_from_blocks=False)]
+
+
+for _kind in ("flush_replay_vk", "verify_flush_vk"):
+    CANDIDATES["delta"][_kind] = vk_candidates(_kind, ops.TILES["delta"][_kind])
 # the _vk kinds whose first row is the same step on a [S, HV, K, V] checkpoint at the kv kind's tile in use
 KV_ROW = {"flush_replay_vk": "flush_replay", "verify_flush_vk": "verify_flush"}
 # kind -> [(column, read format, tokens, fill)]; the _vk kinds run on a [S, HV, V, K] checkpoint (the
@@ -216,9 +221,9 @@ def _dump(batch):
                            batch=batch, tiles=TILES_IN_USE, rows=ROWS), f, indent=1)
 
 
-def _time(spec, batch, read_format, T, fill, state_layout="kv", q_dtype=None):
+def _time(spec, batch, read_format, T, fill, state_layout="kv", q_dtype=None, checkpoint_dtype="float32"):
     layer = Layer(spec, batch, read_format=read_format, max_draft_tokens=VERIFY_T - 1 if T > 1 else 0,
-                  state_layout=state_layout)
+                  state_layout=state_layout, checkpoint_dtype=checkpoint_dtype)
     inp = layer.inputs(T)
     if q_dtype is not None and "q" in inp:
         inp["q"] = inp["q"].to(q_dtype)
@@ -231,7 +236,7 @@ def _time(spec, batch, read_format, T, fill, state_layout="kv", q_dtype=None):
     return t, out.float()
 
 
-def sweep(name, batch, kinds, pick=None, q_dtype=None):
+def sweep(name, batch, kinds, pick=None, q_dtype=None, checkpoint_dtype="float32"):
     spec = MODEL_SPECS[name]
     fam = "mamba2" if spec.family == "mamba2" else "delta"
     table = ops.TILES["kda" if spec.family == "kda" else fam]   # KDA's entries override delta's
@@ -246,6 +251,8 @@ def sweep(name, batch, kinds, pick=None, q_dtype=None):
             candidates = [saved["verify"], flipped] + candidates
         if candidates is None:                   # flush_replay and the _vk kinds are the delta families'
             continue
+        if kind in KV_ROW and kind in ops.TILES.get(spec.family, {}):      # KDA's own _vk entries
+            candidates = vk_candidates(kind, ops.TILES[spec.family][kind])
         columns = SETUPS[kind]
         amortized = [c[0] for c in columns][:2] == ["w=7", "flush"]
         heads = [c[0] + " us" for c in columns] + (["amortized us"] if amortized else [])
@@ -260,7 +267,8 @@ def sweep(name, batch, kinds, pick=None, q_dtype=None):
                 table[key] = tile
             shown = tile if tile is not None else {**ops.TILES[fam], **ops.TILES.get(spec.family, {})}[KV_ROW[kind]]
             try:
-                times, ys = zip(*(_time(spec, batch, f, T, fill, layout, q_dtype) for _, f, T, fill in columns))
+                times, ys = zip(*(_time(spec, batch, f, T, fill, layout, q_dtype, checkpoint_dtype)
+                                  for _, f, T, fill in columns))
                 diff = 0.0 if first is None else max((y - f).abs().max().item() for y, f in zip(ys, first))
                 first = ys if first is None else first
                 if amortized:
@@ -268,7 +276,7 @@ def sweep(name, batch, kinds, pick=None, q_dtype=None):
                 print(" " * 9 + " ".join(f"{t:>14.1f}" for t in times) + f" {diff:>9.2e}  {layout:>6} {shown}",
                       flush=True)
                 ROWS.append(dict(model=name, batch=batch, kind=kind, layout=layout, tile=shown, max_dy=diff,
-                                 us=dict(zip(heads, (round(t, 2) for t in times)))))
+                                 checkpoint_dtype=checkpoint_dtype, us=dict(zip(heads, (round(t, 2) for t in times)))))
             except Exception as e:  # a candidate that does not compile is reported, not fatal
                 print(" " * 9 + f"failed: {e!r}  {layout:>6} {shown}", flush=True)
                 ROWS.append(dict(model=name, batch=batch, kind=kind, layout=layout, tile=shown, failed=repr(e)))
@@ -292,6 +300,8 @@ def main():
     ap.add_argument("--q-dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="GDN / KDA queries: bfloat16 as the peers take them (bench_decode), or float32 as the "
                          "adapters pass them (L2-normalised in fp32)")
+    ap.add_argument("--checkpoint-dtype", choices=["float32", "float16_sr", "bfloat16"], default="float32",
+                    help="the checkpoint's dtype in every timed step (behind a read copy: the replay's state)")
     ap.add_argument("--json", default=None, help="also write every timed row to this file")
     args = ap.parse_args()
     pick = None if args.pick is None else [int(j) for j in args.pick.split(",")]
@@ -302,7 +312,7 @@ def main():
     global JSON_PATH
     JSON_PATH = args.json
     for name in args.models.split(","):
-        sweep(name, args.batch, args.kinds.split(","), pick, getattr(torch, args.q_dtype))
+        sweep(name, args.batch, args.kinds.split(","), pick, getattr(torch, args.q_dtype), args.checkpoint_dtype)
 
 
 if __name__ == "__main__":
