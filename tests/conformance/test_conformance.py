@@ -105,8 +105,11 @@ def layout_exact(c, backend: str) -> bool:
     """Whether SGLang's pool reproduces the standalone pool's bits. SGLang keeps GDN / KDA state as
     ``[HV, V, K]`` (a transposed checkpoint view); the Triton kernels take any strides, but PyTorch
     math over that view (the reference backend's steps, ``pool.flush``'s fold) rounds in another
-    order: the last fp32 bits of d, outputs and checkpoint may differ there (measured <= 1.2e-7)."""
-    return not (c.spec.is_delta and (backend == "reference" or any(s.kind == "flush" for s in c.steps)))
+    order: the last fp32 bits of d, outputs and checkpoint may differ there (measured <= 1.2e-7).
+    Behind a read copy the Triton flush pass has tiles of its own on ``[HV, V, K]`` (``key_runs``:
+    a reduction over K summed run by run), so a flush row's d and outputs round in another order too."""
+    return not (c.spec.is_delta and (backend == "reference" or any(s.kind == "flush" for s in c.steps)
+                                     or c.cfg.read_format != "checkpoint"))
 
 
 def check_against_pool(c, t, backend: str, problems: list) -> None:
