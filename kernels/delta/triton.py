@@ -98,6 +98,9 @@ def _delta_flush_kernel(
                 rg = ring_g + ((sl * HV + h) * capacity) * K
             else:
                 rg = ring_g + (sl * HV + h) * capacity
+            # this row's step tokens: token t of head hd at x_i + t * x_t + x_hd
+            k_i, v_i, beta_i, g_i = k + i * k_r, v + i * v_r, beta + i * be_r, g + i * g_r
+            k_hd, v_hd, g_hd = hk * k_h, h * v_h, h * g_h if PER_CHANNEL else h
 
             n_fold = count + T if COMMITTED else count
             ep = tl.load(epoch_ptr + sl)
@@ -118,22 +121,12 @@ def _delta_flush_kernel(
                              mask=vrm[:, :, None, None], other=0.0).to(tl.float32)        # [BV/VR, VR, K/KR, KR]
                 d4 = tl.zeros([BV // VR, VR], dtype=tl.float32)
                 for j in tl.range(0, n_fold, num_stages=STAGES):
-                    p = (origin + j) % capacity
-                    rj = j < count
-                    t = tl.maximum(j - count, 0)
-                    kj = (tl.load(rk + p * K + okr, mask=rj, other=0.0).to(tl.float32)
-                          + tl.load(k + i * k_r + t * k_t + hk * k_h + okr, mask=~rj, other=0.0).to(tl.float32))
-                    vj = (tl.load(rv + p * V + ovr, mask=vrm & rj, other=0.0).to(tl.float32)
-                          + tl.load(v + i * v_r + t * v_t + h * v_h + ovr, mask=vrm & ~rj, other=0.0).to(tl.float32))
-                    bj = (tl.load(rbeta + p, mask=rj, other=0.0)
-                          + tl.load(beta + i * be_r + t * be_t + h, mask=~rj, other=0.0).to(tl.float32))
+                    kj, vj, bj, gj = replay_entry(j, count, origin, capacity, rk, rv, rbeta, rg, k_i, k_t, k_hd, v_i,
+                                                  v_t, v_hd, beta_i, be_t, h, g_i, g_t, g_hd, okr, ovr, True, vrm, K, V,
+                                                  PER_CHANNEL)
                     if PER_CHANNEL:
-                        gj = (tl.load(rg + p * K + okr, mask=rj, other=0.0)
-                              + tl.load(g + i * g_r + t * g_t + h * g_h + okr, mask=~rj, other=0.0).to(tl.float32))
                         S4 = S4 * tl.exp(gj)[None, None, :, :]
                     else:
-                        gj = (tl.load(rg + p, mask=rj, other=0.0)
-                              + tl.load(g + i * g_r + t * g_t + h, mask=~rj, other=0.0).to(tl.float32))
                         S4 = S4 * tl.exp(gj)
                     # the runs first (within a thread), then the run's channels
                     d4 = bj * (vj - tl.sum(tl.sum(S4 * kj[None, None, :, :], axis=2), axis=2))
@@ -178,29 +171,15 @@ def _delta_flush_kernel(
                 else:
                     j0 = 0
                 # exact steps: the committed entries not folded above (all of them behind a read copy, else
-                # a decode's own token) replay on the checkpoint tile; each entry's raw inputs come from the
-                # ring (j < count) or this step's tokens, loaded branch-free so that the next entries' loads
-                # are in flight during this entry's update
+                # a decode's own token) replay on the checkpoint tile
                 dj = tl.zeros([BV], dtype=tl.float32)
                 for j in tl.range(j0, n_fold, num_stages=STAGES):
-                    p = (origin + j) % capacity
-                    rj = j < count
-                    t = tl.maximum(j - count, 0)
-                    kj = (tl.load(rk + p * K + ok, mask=(ok < K) & rj, other=0.0).to(tl.float32)
-                          + tl.load(k + i * k_r + t * k_t + hk * k_h + ok, mask=(ok < K) & ~rj,
-                                    other=0.0).to(tl.float32))
-                    vj = (tl.load(rv + p * V + ov, mask=vmask & rj, other=0.0).to(tl.float32)
-                          + tl.load(v + i * v_r + t * v_t + h * v_h + ov, mask=vmask & ~rj, other=0.0).to(tl.float32))
-                    bj = (tl.load(rbeta + p, mask=rj, other=0.0)
-                          + tl.load(beta + i * be_r + t * be_t + h, mask=~rj, other=0.0).to(tl.float32))
+                    kj, vj, bj, gj = replay_entry(j, count, origin, capacity, rk, rv, rbeta, rg, k_i, k_t, k_hd, v_i,
+                                                  v_t, v_hd, beta_i, be_t, h, g_i, g_t, g_hd, ok, ov, ok < K, vmask, K,
+                                                  V, PER_CHANNEL)
                     if PER_CHANNEL:
-                        gj = (tl.load(rg + p * K + ok, mask=(ok < K) & rj, other=0.0)
-                              + tl.load(g + i * g_r + t * g_t + h * g_h + ok, mask=(ok < K) & ~rj,
-                                        other=0.0).to(tl.float32))
                         S = S * tl.exp(gj)[:, None]
                     else:
-                        gj = (tl.load(rg + p, mask=rj, other=0.0)
-                              + tl.load(g + i * g_r + t * g_t + h, mask=~rj, other=0.0).to(tl.float32))
                         S = S * tl.exp(gj)
                     dj = bj * (vj - tl.sum(S * kj[:, None], axis=0))
                     S += kj[:, None] * dj[None, :]
@@ -274,6 +253,30 @@ def _delta_flush_kernel(
                     if h % (HV // HK) == 0:
                         tl.store(rk + p * K + ok, tl.load(k + i * k_r + t * k_t + hk * k_h + ok))
         base += nf
+
+
+@triton.jit
+def replay_entry(j, count, origin, capacity, rk, rv, rbeta, rg, k_i, k_t, k_hd, v_i, v_t, v_hd, beta_i, be_t, b_hd,
+                 g_i, g_t, g_hd, okx, ovx, kin, vmx, K: tl.constexpr, V: tl.constexpr, PER_CHANNEL: tl.constexpr):
+    """Entry ``j`` of a flush row's replay in fp32, (k, v, beta, g): the ring's entry ``(origin + j) %
+    capacity`` (``j < count``) or the step's token ``j - count`` (at ``x_i + t x_t + x_hd``), loaded
+    branch-free so that the next entries' loads are in flight during this entry's update.
+    ``okx`` / ``ovx``: the tile's key channels and value rows, in its shape; ``kin`` / ``vmx``: their
+    masks (``kin`` may be True)."""
+    p = (origin + j) % capacity
+    rj = j < count
+    t = tl.maximum(j - count, 0)
+    kj = (tl.load(rk + p * K + okx, mask=kin & rj, other=0.0).to(tl.float32)
+          + tl.load(k_i + t * k_t + k_hd + okx, mask=kin & ~rj, other=0.0).to(tl.float32))
+    vj = (tl.load(rv + p * V + ovx, mask=vmx & rj, other=0.0).to(tl.float32)
+          + tl.load(v_i + t * v_t + v_hd + ovx, mask=vmx & ~rj, other=0.0).to(tl.float32))
+    bj = tl.load(rbeta + p, mask=rj, other=0.0) + tl.load(beta_i + t * be_t + b_hd, mask=~rj, other=0.0).to(tl.float32)
+    if PER_CHANNEL:
+        gj = (tl.load(rg + p * K + okx, mask=kin & rj, other=0.0)
+              + tl.load(g_i + t * g_t + g_hd + okx, mask=kin & ~rj, other=0.0).to(tl.float32))
+    else:
+        gj = tl.load(rg + p, mask=rj, other=0.0) + tl.load(g_i + t * g_t + g_hd, mask=~rj, other=0.0).to(tl.float32)
+    return kj, vj, bj, gj
 
 
 @triton.jit
