@@ -164,7 +164,7 @@ for _fam in ("mamba2", "delta"):
 CANDIDATES["delta"]["decode_vk"] += [dict(ops.TILES["kda"]["decode_vk"], fold_stages=fs) for fs in (4, 1, 2, 3)]
 # the replay behind a read copy on a [S, HV, V, K] checkpoint: the family's tile in use, its key runs (0: the
 # [K, BV] tile, whose lanes all lie along K), then one change at a time from the tile, and the encode's row
-# maxima taken over the tile (rows_from_blocks=False); KDA's from its own entries (sweep())
+# maxima taken over the tile (rows_from_blocks=False); built in sweep() around the family's own entry
 
 
 def vk_candidates(kind: str, tile: dict) -> list[dict]:
@@ -177,8 +177,6 @@ def vk_candidates(kind: str, tile: dict) -> list[dict]:
             dict(tile, row_programs=4), dict(tile, rows_from_blocks=False)]
 
 
-for _kind in ("flush_replay_vk", "verify_flush_vk"):
-    CANDIDATES["delta"][_kind] = vk_candidates(_kind, ops.TILES["delta"][_kind])
 # the _vk kinds whose first row is the same step on a [S, HV, K, V] checkpoint at the kv kind's tile in use
 KV_ROW = {"flush_replay_vk": "flush_replay", "verify_flush_vk": "verify_flush"}
 # kind -> [(column, read format, tokens, fill)]; the _vk kinds run on a [S, HV, V, K] checkpoint (the
@@ -249,10 +247,10 @@ def sweep(name, batch, kinds, pick=None, q_dtype=None, checkpoint_dtype="float32
         if kind == "verify_fold":
             flipped = dict(saved["verify"], fold=not saved["verify"].get("fold", True))
             candidates = [saved["verify"], flipped] + candidates
+        if kind in KV_ROW and fam == "delta":    # around the family's own entry (KDA's override delta's)
+            candidates = vk_candidates(kind, {**ops.TILES["delta"], **ops.TILES.get(spec.family, {})}[kind])
         if candidates is None:                   # flush_replay and the _vk kinds are the delta families'
             continue
-        if kind in KV_ROW and kind in ops.TILES.get(spec.family, {}):      # KDA's own _vk entries
-            candidates = vk_candidates(kind, ops.TILES[spec.family][kind])
         columns = SETUPS[kind]
         amortized = [c[0] for c in columns][:2] == ["w=7", "flush"]
         heads = [c[0] + " us" for c in columns] + (["amortized us"] if amortized else [])
