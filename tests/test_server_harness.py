@@ -570,3 +570,38 @@ def test_every_variant_gets_one_state_dtype_the_launcher_accepts(variant):
     dtypes = [sglang_args[i + 1] for i, a in enumerate(sglang_args) if a == "--mamba-ssm-dtype"]
     assert dtypes == ["float16" if "float16_sr" in flags else "float32"]
     assert (cfg is None) == ("--replay-ssm" not in flags)
+
+
+def test_profile_summary_groups_kernels_and_counts_busy_time_once():
+    import profile_trace
+
+    def k(name, ts, dur):
+        return dict(cat="kernel", name=name, ts=ts, dur=dur)
+
+    trace = dict(traceEvents=[
+        k("_delta_decode_kernel", 0.0, 10.0), k("_delta_flush_kernel", 5.0, 10.0),   # overlapping: busy 0..15
+        k("void at::native::vectorized_elementwise_kernel<4>", 20.0, 2.0),
+        k("fused_recurrent_gated_delta_rule_packed_decode_kernel", 30.0, 8.0),
+        k("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNT", 40.0, 6.0),
+        dict(cat="cuda_runtime", name="cudaGraphLaunch", ts=0.0, dur=50.0)])
+    s = profile_trace.summarize(trace, steps=2)
+    assert s["kernels"] == 5
+    assert s["per_step"] == dict(kernel_us=18.0, busy_us=15.5, span_us=23.0, launches=2.5)
+    assert s["groups"]["replayssm"] == dict(us=10.0, launches=1.0, share=20.0 / 36.0)
+    assert s["groups"]["sglang ssm"]["us"] == 4.0
+    assert s["groups"]["gemm"]["us"] == 3.0
+    assert s["groups"]["pytorch elementwise / reduce"]["launches"] == 0.5
+    assert s["top"][0]["name"] == "_delta_decode_kernel" and s["top"][0]["group"] == "replayssm"
+    with pytest.raises(ValueError, match="steps"):
+        profile_trace.summarize(trace, steps=0)
+    with pytest.raises(ValueError, match="no kernel events"):
+        profile_trace.summarize(dict(traceEvents=[]), steps=1)
+
+
+def test_profile_waits_for_a_decode_batch_of_every_request():
+    import bench_serving
+
+    log = ("Decode batch, #running-req: 200, #token: 1, token usage: 0.01, gen throughput (token/s): 100.0\n"
+           "Decode batch, #running-req: 256, #token: 1, token usage: 0.01, gen throughput (token/s): 200.0\n")
+    assert bench_serving.running_decode(log, 256)
+    assert not bench_serving.running_decode(log, 512)

@@ -31,6 +31,11 @@ versions; ``DIR/serving.png`` plots tokens/s against concurrency per model; serv
 ``DIR/servers.log``. A variant a model's family cannot serve (SGLang's own replay on Mamba-2) is
 skipped, and a server that fails is recorded with its error.
 
+``--profile-steps N`` (with ``--server-log-level info``) profiles N decode steps of the first load at the
+largest concurrency once all its requests run (SGLang's ``/start_profile``, GPU kernels only) and adds
+to its row the kernels' time per step by group (``profile_trace.py``); the profiler's own cost falls
+on that load's figures.
+
 ``--table JSON...`` prints the rows as markdown with their ratios to SGLang's and SGLang's replay's;
 ``--merge JSON... --merged FILE`` joins several runs of one model into one file (each row keeps its
 run's versions and commit).
@@ -48,10 +53,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import check_server  # noqa: E402
 import models  # noqa: E402
+import profile_trace  # noqa: E402
 
 VARIANTS = {
     "sglang": [],
@@ -151,6 +158,55 @@ def server_rates(log_text: str, concurrency: int) -> dict:
     return rates
 
 
+def running_decode(log_text: str, concurrency: int) -> bool:
+    """Whether the server has logged a decode batch with all ``concurrency`` requests running."""
+    return any(int(r) == concurrency for r, _ in _DECODE.findall(log_text))
+
+
+def start_profile(port: int, request: dict) -> None:
+    """SGLang's ``POST /start_profile`` (its ``ProfileReq`` fields); RuntimeError unless it answers 200."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/start_profile", data=json.dumps(request).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        if r.status != 200:
+            raise RuntimeError(f"/start_profile answered {r.status}: {r.read()[:200]!r}")
+
+
+def profile_load(client: subprocess.Popen, args, concurrency: int, load: int, log_name: str, log_start: int,
+                 folder: pathlib.Path, timeout: float) -> dict | None:
+    """Wait for the load's ``client``; with ``--profile-steps N``, during the first load at the largest
+    concurrency, profile N decode steps with all requests running: once the server logs such a decode
+    batch (``--server-log-level info``), ``POST /start_profile`` (GPU kernels only, stopped by the
+    server after N steps) and return the trace's ``profile_trace.summarize`` (None otherwise)."""
+    profiling = args.profile_steps > 0 and concurrency == max(args.concurrency) and load == 1
+    t0 = time.time()
+    started = False
+    while client.poll() is None:
+        if time.time() - t0 > timeout:
+            client.kill()
+            raise RuntimeError(f"the client ran past {timeout:.0f} s at concurrency {concurrency}")
+        if profiling and not started:
+            with open(log_name, "rb") as f:
+                f.seek(log_start)
+                if running_decode(f.read().decode(errors="replace"), concurrency):
+                    start_profile(args.port, dict(output_dir=str(folder), num_steps=args.profile_steps,
+                                                  activities=["GPU"], with_stack=False, record_shapes=False,
+                                                  profile_id="decode"))
+                    started = True
+        time.sleep(0.2)
+    if not profiling:
+        return None
+    if not started:
+        raise RuntimeError(f"--profile-steps: the server logged no decode batch of {concurrency} running requests")
+    for _ in range(300):                        # the server writes the trace after the N-th step
+        traces = sorted(folder.glob("*.trace.json*"))
+        if traces:
+            time.sleep(1.0)
+            return profile_trace.summarize(profile_trace.load(traces[0]), args.profile_steps)
+        time.sleep(0.2)
+    raise RuntimeError(f"--profile-steps: no trace in {folder} 60 s after the load")
+
+
 def row_from(out_file: pathlib.Path) -> dict:
     """The measurements of the client's last result line in ``out_file``."""
     result = json.loads(out_file.read_text().strip().splitlines()[-1])
@@ -196,11 +252,15 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
             with tempfile.TemporaryDirectory() as tmp:
                 out_file = pathlib.Path(tmp) / "result.jsonl"
                 t1 = time.time()
-                done = subprocess.run(client_command(args.port, model_dir, c, out_file, args), stdout=log,
-                                      stderr=subprocess.STDOUT, timeout=deadline.left(args.load_timeout))
-                if done.returncode != 0 or not out_file.exists():
-                    raise RuntimeError(f"the client exited with {done.returncode} at concurrency {c}")
+                client = subprocess.Popen(client_command(args.port, model_dir, c, out_file, args), stdout=log,
+                                          stderr=subprocess.STDOUT)
+                profiled = profile_load(client, args, c, load, log.name, log_start, pathlib.Path(tmp) / "profile",
+                                        deadline.left(args.load_timeout))
+                if client.returncode != 0 or not out_file.exists():
+                    raise RuntimeError(f"the client exited with {client.returncode} at concurrency {c}")
                 row = dict(base, concurrency=c, load=load, **row_from(out_file))
+                if profiled is not None:
+                    row["profile"] = profiled
             with open(log.name, "rb") as f:
                 f.seek(log_start)
                 row |= server_rates(f.read().decode(errors="replace"), c)
@@ -329,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="mtp: speculative decoding with the model's MTP layer as the draft (NEXTN, a chain of "
                          "--draft-tokens; qwen3.5-9b and qwen3-next); with random weights acceptance is arbitrary "
                          "(the rows report it)")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="profile this many decode steps of the first load at the largest concurrency, with all its "
+                         "requests running (needs --server-log-level info); the row carries the kernels' time per "
+                         "step by group (profile_trace.py)")
     ap.add_argument("--draft-tokens", type=int, default=4, help="tokens per verify, the bonus token included")
     ap.add_argument("--groups", type=int, default=8, help="prefix workload: distinct shared prefixes")
     ap.add_argument("--prompts-per-group", type=int, default=32)
@@ -369,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.request_rate is not None and not 0 < args.request_rate < float("inf"):
         ap.error(f"--request-rate: expected a positive finite rate (leave it out for every request at once), "
                  f"got {args.request_rate}")
+    if args.profile_steps < 0 or args.profile_steps and args.server_log_level == "warning":
+        ap.error(f"--profile-steps: expected a positive count with --server-log-level info (the decode batches the "
+                 f"profile waits for are logged at info), got {args.profile_steps} at {args.server_log_level}")
     if min(args.concurrency) < 1:
         ap.error(f"--concurrency: expected positive counts, got {args.concurrency}")
     if args.speculative == "mtp":

@@ -1,0 +1,114 @@
+"""Where a served decode step spends its GPU time: a summary of the kernels in a torch profiler trace
+that SGLang's server wrote (``POST /start_profile`` with ``activities=["GPU"]``, see
+``bench_serving.py --profile-steps``).
+
+    python benchmarks/server/profile_trace.py TRACE.json[.gz] --steps N [--json OUT]
+
+Every kernel event of the trace (CUDA-graph replays included: CUPTI records each kernel node) is put
+in one of ``GROUPS`` by its name; the summary gives per decode step (the trace's kernel time divided
+by ``--steps``) each group's time and launch count, the GPU's busy time (the union of the kernels'
+intervals) and the span from the first kernel's start to the last one's end, and the kernels of the
+most time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import pathlib
+import re
+
+# (group, pattern on the kernel name), first match wins
+GROUPS = [
+    ("replayssm", re.compile(r"^_(delta|mamba2)_|_refresh_read_copy|_store_checkpoint|^_(advance|commit)_")),
+    ("sglang ssm", re.compile(r"recurrent|replayssm|gated_delta|kda|selective_state|ssd_|chunk_|mamba")),
+    ("conv1d", re.compile(r"conv1d|causal_conv")),
+    ("attention", re.compile(r"attn|attention|flash|_fwd_kernel|decode_kernel|mla")),
+    ("gemm", re.compile(r"gemm|xmma|cutlass|nvjet|cublas|matmul|sm90_|wgmma")),
+    ("norm", re.compile(r"norm", re.I)),
+    ("moe", re.compile(r"moe|topk|expert", re.I)),
+    ("sampling", re.compile(r"sort|argmax|softmax|sampl|radix", re.I)),
+    ("pytorch elementwise / reduce", re.compile(r"elementwise|reduce_kernel|vectorized|unrolled|index|cat|copy|fill",
+                                                re.I)),
+]
+
+
+def group_of(name: str) -> str:
+    """The group of a kernel name (``other`` when no pattern matches)."""
+    for group, pattern in GROUPS:
+        if pattern.search(name):
+            return group
+    return "other"
+
+
+def kernels(trace: dict) -> list[dict]:
+    """The trace's kernel events (``cat`` kernel, with a duration)."""
+    return [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and "dur" in e]
+
+
+def busy_us(events: list[dict]) -> float:
+    """Microseconds in which at least one kernel ran (the union of ``[ts, ts + dur]``)."""
+    total, end = 0.0, None
+    for start, stop in sorted((e["ts"], e["ts"] + e["dur"]) for e in events):
+        if end is None or start > end:
+            total += stop - start
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total
+
+
+def summarize(trace: dict, steps: int, top: int = 30) -> dict:
+    """Per-step kernel time by group and the ``top`` kernels of the most time (see the module)."""
+    if steps < 1:
+        raise ValueError(f"steps: expected a positive count of profiled steps, got {steps}")
+    ev = kernels(trace)
+    if not ev:
+        raise ValueError("trace: no kernel events (was the profile started with activities=['GPU']?)")
+    by_group: dict[str, list[float]] = {}
+    by_name: dict[str, list[float]] = {}
+    for e in ev:
+        for table, key in ((by_group, group_of(e["name"])), (by_name, e["name"])):
+            slot = table.setdefault(key, [0.0, 0])
+            slot[0] += e["dur"]
+            slot[1] += 1
+    span = max(e["ts"] + e["dur"] for e in ev) - min(e["ts"] for e in ev)
+    kernel_us = sum(e["dur"] for e in ev)
+    return dict(
+        steps=steps, kernels=len(ev),
+        per_step=dict(kernel_us=kernel_us / steps, busy_us=busy_us(ev) / steps, span_us=span / steps,
+                      launches=len(ev) / steps),
+        groups={g: dict(us=t / steps, launches=c / steps, share=t / kernel_us)
+                for g, (t, c) in sorted(by_group.items(), key=lambda kv: -kv[1][0])},
+        top=[dict(name=n[:160], group=group_of(n), us=t / steps, launches=c / steps)
+             for n, (t, c) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]])
+
+
+def load(path: pathlib.Path) -> dict:
+    """A chrome trace, gzipped or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", type=pathlib.Path)
+    ap.add_argument("--steps", type=int, required=True, help="forward steps the trace holds")
+    ap.add_argument("--json", type=pathlib.Path, help="write the summary here as JSON")
+    args = ap.parse_args(argv)
+    s = summarize(load(args.trace), args.steps)
+    if args.json:
+        args.json.write_text(json.dumps(s, indent=1) + "\n")
+    p = s["per_step"]
+    print(f"per step: {p['kernel_us']:.0f} us of kernels, GPU busy {p['busy_us']:.0f} us, span {p['span_us']:.0f} us, "
+          f"{p['launches']:.0f} launches")
+    for g, v in s["groups"].items():
+        print(f"  {g:32s} {v['us']:9.1f} us {v['launches']:7.1f} launches {100 * v['share']:5.1f} %")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
