@@ -419,24 +419,29 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
     args = bench_serving.argparse.Namespace(
         port=1, concurrency=[1, 4], input_len=8, output_len=4, workload="decode", no_prefill_graph=False,
         mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=5, weights="sglang-dummy",
-        speculative="none", repeat=2, server_log_level="warning", request_rate=None)
+        speculative="none", repeat=2, server_log_level="warning", request_rate=None, profile_steps=0)
     servers = []
+    real_popen = subprocess.Popen
 
     def launch(cmd, port, log, env):
-        servers.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True))
+        servers.append(real_popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True))
         return servers[-1]
 
-    def client(cmd, **kw):
-        out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
-        c = int(cmd[cmd.index("--max-concurrency") + 1])
-        out.write_text(json.dumps(dict(output_throughput=10.0 * c, median_itl_ms=2.0)) + "\n")
-        kw["stdout"].write(f"Decode batch, #running-req: {c}, #full token: 9, gen throughput (token/s): {c}.5, x\n")
-        kw["stdout"].flush()
-        return subprocess.CompletedProcess(cmd, 0)
+    class Client:
+        def __init__(self, cmd, **kw):
+            out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
+            c = int(cmd[cmd.index("--max-concurrency") + 1])
+            out.write_text(json.dumps(dict(output_throughput=10.0 * c, median_itl_ms=2.0)) + "\n")
+            kw["stdout"].write(f"Decode batch, #running-req: {c}, #full token: 9, gen throughput (token/s): {c}.5, x\n")
+            kw["stdout"].flush()
+            self.returncode = 0
+
+        def poll(self):
+            return self.returncode
 
     monkeypatch.setattr(check_server, "launch", launch)
     monkeypatch.setattr(check_server, "wait_ready", lambda *a: None)
-    monkeypatch.setattr(bench_serving.subprocess, "run", client)
+    monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
     emitted = []
     with open(tmp_path / "log", "w") as log:
         rows = bench_serving.serve_and_measure("kimi-linear", tmp_path, "replay-nvfp4", "no_buffer", args, log,
@@ -605,3 +610,44 @@ def test_profile_waits_for_a_decode_batch_of_every_request():
            "Decode batch, #running-req: 256, #token: 1, token usage: 0.01, gen throughput (token/s): 200.0\n")
     assert bench_serving.running_decode(log, 256)
     assert not bench_serving.running_decode(log, 512)
+
+
+def test_profiled_load_starts_the_profile_once_every_request_runs(tmp_path, monkeypatch):
+    import bench_serving
+
+    args = bench_serving.argparse.Namespace(profile_steps=2, concurrency=[1, 4], port=1)
+    log = tmp_path / "log"
+    log.write_text("Decode batch, #running-req: 4, #full token: 9, gen throughput (token/s): 1.0, x\n")
+    start = log.stat().st_size
+    asked = []
+
+    class Client:
+        polls = 0
+        returncode = None
+
+        def poll(self):
+            self.polls += 1
+            if self.polls == 3:             # the load's own lines: first 2 requests, then all 4 running
+                log.write_text(log.read_text() + "Decode batch, #running-req: 2, gen throughput (token/s): 1.0\n")
+            if self.polls == 5:
+                log.write_text(log.read_text() + "Decode batch, #running-req: 4, gen throughput (token/s): 1.0\n")
+            if self.polls == 8:
+                self.returncode = 0
+            return self.returncode
+
+    def start_profile(port, request):
+        asked.append(request)
+        folder = pathlib.Path(request["output_dir"])
+        folder.mkdir(parents=True)
+        (folder / "decode-TP-0.trace.json").write_text(json.dumps(dict(traceEvents=[
+            dict(cat="kernel", name="_delta_decode_kernel", ts=0.0, dur=4.0)])))
+
+    monkeypatch.setattr(bench_serving, "start_profile", start_profile)
+    monkeypatch.setattr(bench_serving.time, "sleep", lambda s: None)
+    client = Client()
+    got = bench_serving.profile_load(client, args, 4, 1, str(log), start, tmp_path / "prof", 60)
+    assert len(asked) == 1 and asked[0]["num_steps"] == 2 and asked[0]["activities"] == ["GPU"]
+    assert client.polls >= 5 and got["per_step"]["kernel_us"] == 2.0
+    # not the largest concurrency, or a later load: no profile
+    assert bench_serving.profile_load(Client(), args, 1, 1, str(log), start, tmp_path / "p2", 60) is None
+    assert bench_serving.profile_load(Client(), args, 4, 2, str(log), start, tmp_path / "p3", 60) is None
