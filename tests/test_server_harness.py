@@ -432,7 +432,9 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
             out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
             c = int(cmd[cmd.index("--max-concurrency") + 1])
             out.write_text(json.dumps(dict(output_throughput=10.0 * c, median_itl_ms=2.0)) + "\n")
-            kw["stdout"].write(f"Decode batch, #running-req: {c}, #full token: 9, gen throughput (token/s): {c}.5, x\n")
+            for rate in (f"{c}.0", f"{c}.5"):
+                kw["stdout"].write(f"Decode batch, #running-req: {c}, #full token: 9, gen throughput (token/s): {rate}, "
+                                   "x\n")
             kw["stdout"].flush()
             self.returncode = 0
 
@@ -467,9 +469,13 @@ def test_server_rates_read_full_prefill_batches_and_full_decode_batches():
     log = "\n".join([line.format(s=1, n=512, x=22.2), line.format(s=16, n=8192, x=26000.0),
                      line.format(s=16, n=8192, x=26400.5), line.format(s=16, n=8192, x=25000.0),
                      line.format(s=3, n=1536, x=30000.0), dec.format(r=256, x=5.87), dec.format(r=256, x=8461.9),
-                     dec.format(r=256, x=8449.1), dec.format(r=200, x=9000.0)])
-    # the idle-diluted first batch and the partial ones are not full batches; the median of three is the middle
-    assert bench_serving.server_rates(log, 256) == dict(prefill_tokens_per_s=26000.0, decode_tokens_per_s=8449.1)
+                     dec.format(r=256, x=8449.1), dec.format(r=200, x=9000.0), dec.format(r=256, x=8500.0),
+                     "[t] Profiling starts. Traces will be saved to: /tmp/p", dec.format(r=256, x=100.0),
+                     "[t] Stop profiling...", "[t] Profiling done. Traces are saved to: /tmp/p",
+                     line.format(s=1, n=512, x=22.2), dec.format(r=256, x=50.0)])
+    # the first full decode batch (its interval reaches into the prefill), the partial ones and those of the
+    # profiled stretch are left out: the median of the other three is the middle one
+    assert bench_serving.server_rates(log, 256) == dict(prefill_tokens_per_s=26000.0, decode_tokens_per_s=8461.9)
     assert bench_serving.server_rates(log, 64) == dict(prefill_tokens_per_s=26000.0)
     assert bench_serving.server_rates("no rates at warning level", 256) == {}
 

@@ -140,19 +140,25 @@ def client_command(port: int, model_dir: pathlib.Path, concurrency: int, out_fil
 
 _PREFILL = re.compile(r"Prefill batch, .*#new-token: (\d+),.* input throughput \(token/s\): ([\d.]+)")
 _DECODE = re.compile(r"Decode batch, #running-req: (\d+),.* gen throughput \(token/s\): ([\d.]+)")
+# a profiled stretch: from "Profiling starts" through the first decode line after "Profiling done" (its
+# interval held profiled steps)
+_PROFILED = re.compile(r"Profiling starts.*?Profiling done[^\n]*\n(?:[^\n]*\n)*?[^\n]*Decode batch[^\n]*(?:\n|$)", re.S)
 
 
 def server_rates(log_text: str, concurrency: int) -> dict:
     """The server's own rates during one load, from its INFO log lines (``--server-log-level info``):
     ``prefill_tokens_per_s``, the median "input throughput" of the load's full prefill batches (those
     of the most new tokens), and ``decode_tokens_per_s``, the median "gen throughput" of its decode
-    batches with all ``concurrency`` requests running. A rate with no such line is left out."""
+    batches with all ``concurrency`` requests running but the first (whose interval reaches back into the
+    prefill). Lines logged while SGLang's profiler ran (and the first
+    decode line after it, whose interval held profiled steps) are left out, as is a rate with no line."""
     rates = {}
+    log_text = _PROFILED.sub("", log_text)
     prefill = [(int(n), float(x)) for n, x in _PREFILL.findall(log_text)]
     if prefill:
         full = max(n for n, _ in prefill)
         rates["prefill_tokens_per_s"] = statistics.median(x for n, x in prefill if n == full)
-    decode = [float(x) for r, x in _DECODE.findall(log_text) if int(r) == concurrency]
+    decode = [float(x) for r, x in _DECODE.findall(log_text) if int(r) == concurrency][1:]
     if decode:
         rates["decode_tokens_per_s"] = statistics.median(decode)
     return rates
