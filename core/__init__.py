@@ -5,10 +5,10 @@ ring of recent inputs; decode appends and flushes every ``window`` tokens, verif
 draft tokens, commit keeps an accepted prefix by moving a cursor. See RING.md.
 """
 
-from .api import decode, verify
+from .api import decode, gating, verify
 from .pool import StatePool
 from .ring import RING_VERSION
 from .spec import LayerSpec, ReplayConfig
 
-__all__ = ["LayerSpec", "ReplayConfig", "StatePool", "decode", "verify", "RING_VERSION"]
+__all__ = ["LayerSpec", "ReplayConfig", "StatePool", "decode", "gating", "verify", "RING_VERSION"]
 __version__ = "0.1.0"

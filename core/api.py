@@ -1,4 +1,5 @@
-"""decode and verify: one layer's step over a StatePool."""
+"""decode and verify: one layer's step over a StatePool; gating: a GDN / KDA step's inputs from a
+host's raw projections."""
 
 from __future__ import annotations
 
@@ -102,3 +103,46 @@ def verify(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tenso
     ``checked`` as in :func:`decode`.
     """
     return _run(pool, layer, slots, inputs, out, is_verify=True, checked=checked)
+
+
+def gating(pool: StatePool, *, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+           A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None = None,
+           beta_round: bool = False) -> dict:
+    """A GDN / KDA step's ``q_scale``, ``k``, ``g`` and ``beta`` from a host's raw projections, with
+    the formulas of ``replayssm/kernels/gating/reference.py`` (one launch on the triton backend, the
+    same bits on every backend).
+
+    Args:
+        pool: a GDN or KDA StatePool (its backend computes; its ring dtype is k's).
+        q, k: ``[N, HK, K]`` raw (not normalised), any float dtype, contiguous last dim.
+        a: ``[N, HV]`` (GDN) or ``[N, HV, K]`` (KDA); b: ``[N, HV]``; contiguous last dim.
+        A_log: ``[HV]``; dt_bias: ``[HV]`` (GDN) or ``[HV, K]`` (KDA); contiguous.
+        lower_bound: KDA's safe gate ``lower_bound * sigmoid(exp(A_log) * (a + dt_bias))`` (the
+            bound taken as fp32); None for ``-exp(A_log) * softplus(a + dt_bias)``.
+        beta_round: round ``sigmoid(b)`` through b's dtype (SGLang's GDN packed decode does).
+    Returns:
+        Fresh ``dict(q_scale [N, HK] fp32, k [N, HK, K] ring dtype, g [N, HV] or [N, HV, K] fp32,
+        beta [N, HV] fp32)``, to pass to :func:`decode` (or, with a token axis, :func:`verify`) with q
+        and v.
+    """
+    if not isinstance(pool, StatePool):
+        raise TypeError(f"pool: expected a StatePool, got {type(pool).__name__}")
+    spec = pool.spec
+    if spec.family not in ("gdn", "kda"):
+        raise ValueError(f"pool: gating forms GDN / KDA inputs, got a {spec.family} pool")
+    HK, HV, K = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim
+    N = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() else 0
+    per_channel = spec.family == "kda"
+    for name, t, shape in (("q", q, (N, HK, K)), ("k", k, (N, HK, K)), ("a", a, (N, HV, K) if per_channel else (N, HV)),
+                           ("b", b, (N, HV)), ("A_log", A_log, (HV,)),
+                           ("dt_bias", dt_bias, (HV, K) if per_channel else (HV,))):
+        check_tensor(name, t, shape, pool.device)
+        if t.numel() and t.stride(-1) != 1:
+            raise ValueError(f"{name}: expected a contiguous last dimension, got strides {t.stride()}")
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor (a layer constant, never copied)")
+    if lower_bound is not None and not per_channel:
+        raise ValueError("lower_bound: the safe gate is KDA's; a GDN pool takes None")
+    return pool.backend_ops.gating(pool, q=q, k=k, a=a, b=b, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                                   beta_round=bool(beta_round))

@@ -58,6 +58,11 @@ class Backend(Protocol):
     def fold_committed(self, pool, layer: int, cpu_rows: torch.Tensor) -> torch.Tensor:
         """fp32 state ``[r, *state_shape]`` after the committed ring of ``cpu_rows``; nothing changes."""
 
+    def gating(self, pool, *, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+               A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None, beta_round: bool) -> dict:
+        """A GDN / KDA pool's step inputs from raw projections (validated; see ``replayssm.gating``),
+        bit for bit ``kernels/gating/reference.py``: fresh ``dict(q_scale, k, g, beta)``."""
+
 
 def register(name: str, module: str) -> None:
     """Make the backend in ``module`` (a dotted module name, imported on first use) available to
@@ -74,7 +79,8 @@ def get(name: str) -> Backend:
         raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {name!r}")
     found = importlib.import_module(BACKENDS[name])
     if not isinstance(found, Backend):
-        members = ("supports_unchecked", "check", "step", "flush", "refresh", "store", "commit", "fold_committed")
+        members = ("supports_unchecked", "check", "step", "flush", "refresh", "store", "commit", "fold_committed",
+                   "gating")
         missing = [m for m in members if not hasattr(found, m)]
         raise ValueError(f"backend: {BACKENDS[name]} does not implement replayssm.backend.Backend (missing "
                          f"{', '.join(missing)})")

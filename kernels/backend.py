@@ -123,3 +123,15 @@ def commit(cursors: dict, slots: torch.Tensor, num_accepted: torch.Tensor) -> No
 
 
 fold_committed = backend_reference.fold_committed
+
+
+def gating(pool, *, q, k, a, b, A_log, dt_bias, lower_bound, beta_round) -> dict:
+    """A GDN / KDA step's inputs from raw projections in one launch (``ops.delta_gating``)."""
+    N, HK, K = q.shape
+    made = dict(q_scale=torch.empty(N, HK, dtype=torch.float32, device=q.device),
+                k=torch.empty(N, HK, K, dtype=pool.cfg.torch_ring_dtype, device=q.device),
+                g=torch.empty(a.shape, dtype=torch.float32, device=q.device),
+                beta=torch.empty(b.shape, dtype=torch.float32, device=q.device))
+    ops.delta_gating(q, k, a, b, A_log, dt_bias, made["q_scale"], made["k"], made["g"], made["beta"],
+                     lower_bound=lower_bound, beta_round=beta_round)
+    return made

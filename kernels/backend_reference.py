@@ -13,6 +13,7 @@ import torch
 
 from replayssm import formats, ring
 from replayssm.kernels.delta import reference as dref
+from replayssm.kernels.gating.reference import gating_ref
 from replayssm.kernels.mamba2 import reference as mref
 from replayssm.pool import round_checkpoint, to_read_layout
 from replayssm.validate import LAYER_INPUTS
@@ -177,3 +178,9 @@ def fold_committed(pool, layer: int, cpu_rows: torch.Tensor) -> torch.Tensor:
     k, gam = dref.delta_window(hist["k"], hist["g"], spec.num_v_heads, spec.head_k_dim)
     d = dref.delta_window_d(S0, k, hist["v"], hist["beta"], gam)
     return dref.delta_window_fold(S0, k, d, gam, width)
+
+
+def gating(pool, *, q, k, a, b, A_log, dt_bias, lower_bound, beta_round) -> dict:
+    """A GDN / KDA step's inputs from raw projections (``kernels/gating/reference.py``)."""
+    return gating_ref(q, k, a, b, A_log, dt_bias, ring_dtype=pool.cfg.torch_ring_dtype, lower_bound=lower_bound,
+                      beta_dtype=b.dtype if beta_round else None)

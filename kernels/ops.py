@@ -8,6 +8,7 @@ of ``kernels/plan.py``, with the tiles of ``kernels/tiles.py``): the one kernel 
 | ``store_checkpoint``        | write fp32 states as checkpoint (+ read copy)               |
 | ``refresh_read_copy``       | re-derive read copies from the stored checkpoint            |
 | ``advance`` / ``commit``    | cursor moves (ring contract)                                |
+| ``delta_gating``            | GDN / KDA step inputs from a host's raw projections         |
 
 Every op mutates the caller's buffers in place (declared in ``mutates_args``), allocates
 nothing, never synchronizes with the host and is CUDA-graph capturable. Checkpoints may have
@@ -29,6 +30,7 @@ import triton
 from replayssm.formats import mix32
 from replayssm.kernels.delta.triton import _delta_decode_kernel, _delta_flush_kernel, _delta_verify_kernel
 from replayssm.kernels.formats.codes import ReadCode
+from replayssm.kernels.gating.triton import _delta_gating_kernel
 from replayssm.kernels.formats.triton import _refresh_read_copy_kernel, _store_checkpoint_kernel
 from replayssm.kernels.mamba2.triton import _mamba2_decode_kernel, _mamba2_flush_kernel, _mamba2_verify_kernel
 from replayssm.kernels.plan import Launch, launch, passes
@@ -331,10 +333,56 @@ def commit(count: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor, num_
     ring_triton.commit({"count": count, "pending": pending}, slots, num_accepted)
 
 
+@torch.library.custom_op("replayssm::delta_gating", mutates_args=("q_scale", "k_out", "g", "beta"))
+def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+                 dt_bias: torch.Tensor, q_scale: torch.Tensor, k_out: torch.Tensor, g: torch.Tensor,
+                 beta: torch.Tensor, lower_bound: Optional[float] = None, beta_round: bool = False) -> None:
+    """A GDN / KDA step's inputs from a host's raw projections, in one launch (the formulas of
+    ``kernels/gating/reference.py``, bit for bit); outputs written in place.
+
+    | Name     | Shape                      | Dtype        | Dir |
+    |----------|----------------------------|--------------|-----|
+    | q, k     | [N, HK, K]                 | float        | in  |
+    | a        | [N, HV] or [N, HV, K]      | float        | in  |
+    | b        | [N, HV]                    | float        | in  |
+    | A_log    | [HV]                       | float        | in  |
+    | dt_bias  | [HV] or [HV, K]            | float        | in  |
+    | q_scale  | [N, HK]                    | fp32         | out |
+    | k_out    | [N, HK, K]                 | ring dtype   | out |
+    | g        | [N, HV] or [N, HV, K]      | fp32         | out |
+    | beta     | [N, HV]                    | fp32         | out |
+
+    ``lower_bound``: a safe gate's bound (KDA), None for the softplus gate; ``beta_round``: round
+    beta through b's dtype (SGLang's GDN packed decode). Inputs need a contiguous last dimension,
+    outputs and A_log / dt_bias are contiguous.
+    """
+    N, HK, K = q.shape
+    per_channel = a.dim() == 3
+    HV = a.shape[1]
+    _require("k", k, (N, HK, K))
+    _require("a", a, (N, HV, K) if per_channel else (N, HV))
+    _require("b", b, (N, HV))
+    _require("A_log", A_log, (HV,), contiguous=True)
+    _require("dt_bias", dt_bias, (HV, K) if per_channel else (HV,), contiguous=True)
+    _require("q_scale", q_scale, (N, HK), torch.float32, contiguous=True)
+    _require("k_out", k_out, (N, HK, K), contiguous=True)
+    _require("g", g, tuple(a.shape), torch.float32, contiguous=True)
+    _require("beta", beta, (N, HV), torch.float32, contiguous=True)
+    if N == 0:
+        return
+    _delta_gating_kernel[(N,)](
+        q=q, q_r=q.stride(0), q_h=q.stride(1), k=k, k_r=k.stride(0), k_h=k.stride(1), a=a, a_r=a.stride(0),
+        a_h=a.stride(1) if per_channel else 0, b=b, b_r=b.stride(0), A_log=A_log, dt_bias=dt_bias, q_scale=q_scale,
+        k_out=k_out, g=g, beta=beta, lower_bound=float(torch.tensor(lower_bound or 0.0, dtype=torch.float32)), HK=HK, HV=HV,
+        K=K, BHK=triton.next_power_of_2(HK), BHV=triton.next_power_of_2(HV), BK=triton.next_power_of_2(K),
+        PER_CHANNEL=per_channel, SAFE_GATE=lower_bound is not None, BETA_ROUND=beta_round,
+        num_warps=4 if per_channel else 2)
+
+
 def _no_output(*args, **kwargs) -> None:
     """The ops' fake (meta) implementation: they return nothing and write only their arguments."""
     return None
 
 
-for _op in (mamba2_step, delta_step, store_checkpoint, refresh_read_copy, advance, commit):
+for _op in (mamba2_step, delta_step, store_checkpoint, refresh_read_copy, advance, commit, delta_gating):
     _op.register_fake(_no_output)

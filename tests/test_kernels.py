@@ -17,6 +17,7 @@ from helpers import SPECS, TOL, Params, f64, make_inputs, rms_ratio, step_oracle
 from shapes import MODEL_SPECS
 
 from replayssm.kernels import ops, plan
+from replayssm.kernels.gating.reference import gating_ref
 from replayssm.kernels.formats.triton import (READ_CODES, dot_fp32, e2m1_encode, fp16_stochastic_round,
                                               load_read_words, word_values)
 
@@ -647,3 +648,71 @@ def test_warmup_compiles_and_logs_first_launches(caplog):
         assert warmup(spec, cfg, device=DEVICE, tokens=(1, 2)) == 2
     firsts = [r.getMessage() for r in caplog.records if "first launch" in r.getMessage()]
     assert any("'T', 1" in m for m in firsts) and any("'T', 2" in m for m in firsts)
+
+
+GATING_CASES = {"tiny-gdn": (5, 3, 6, 24), "tiny-kda": (4, 2, 4, 16)}
+if CUDA:
+    GATING_CASES.update({f"real-{k}": (257, s.num_k_heads, s.num_v_heads, s.head_k_dim)
+                         for k, s in MODEL_SPECS.items() if s.family in ("gdn", "kda")})
+
+
+@pytest.mark.parametrize("case", sorted(GATING_CASES))
+@pytest.mark.parametrize("gate", ["softplus", "softplus-beta-round", "safe"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gating_kernel_matches_the_reference_bit_for_bit(case, gate, dtype):
+    """``replayssm::delta_gating`` (one launch) gives the reference's bits for q_scale, k in the ring
+    dtype, g and beta: inputs as strided views of one packed row (SGLang's ``mixed_qkv``), gate inputs
+    over a wide range (softplus' threshold crossed both ways), outputs NaN-poisoned."""
+    N, HK, HV, K = GATING_CASES[case]
+    kda = "kda" in case or "kimi" in case
+    if gate == "safe" and not kda:
+        pytest.skip("the safe gate is KDA's")
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case}-{gate}-{dtype}".encode()))
+    packed = (torch.randn(N, 2 * HK * K + 1, generator=gen) * torch.exp(torch.randn(N, 1, generator=gen))).to(dtype)
+    q, k = packed[:, : HK * K].view(N, HK, K), packed[:, HK * K: 2 * HK * K].view(N, HK, K)
+    gate_shape = (N, HV, K) if kda else (N, HV)
+    a = (torch.randn(*gate_shape, generator=gen) * 12).to(dtype)           # a + dt_bias beyond +-20 at times
+    b = (torch.randn(N, HV, generator=gen) * 4).to(dtype)
+    A_log = torch.randn(HV, generator=gen)
+    dt_bias = torch.randn(gate_shape[1:], generator=gen) * 4
+    lower_bound = -5.0 if gate == "safe" else None
+    beta_round = gate == "softplus-beta-round"
+    ring = torch.float32 if dtype == torch.float32 else torch.bfloat16
+    want = gating_ref(q, k, a, b, A_log, dt_bias, ring_dtype=ring, lower_bound=lower_bound,
+                      beta_dtype=b.dtype if beta_round else None)
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    got = dict(q_scale=torch.full((N, HK), float("nan"), device=DEVICE),
+               k=torch.full((N, HK, K), float("nan"), dtype=ring, device=DEVICE),
+               g=torch.full(gate_shape, float("nan"), device=DEVICE),
+               beta=torch.full((N, HV), float("nan"), device=DEVICE))
+    packed = dev(packed)
+    ops.delta_gating(packed[:, : HK * K].view(N, HK, K), packed[:, HK * K: 2 * HK * K].view(N, HK, K), dev(a), dev(b),
+                     dev(A_log), dev(dt_bias), got["q_scale"], got["k"], got["g"], got["beta"],
+                     lower_bound=lower_bound, beta_round=beta_round)
+    for name, t in got.items():
+        bits = torch.int16 if t.element_size() == 2 else torch.int32
+        assert torch.equal(t.cpu().view(bits), want[name].view(bits)), name
+
+
+def test_gating_refuses_bad_input_naming_the_argument():
+    """``replayssm.gating`` checks shapes, strides and the family, and names what was wrong."""
+    gdn = rs.StatePool(SPECS["gdn"], rs.ReplayConfig(window=4), num_layers=1, num_slots=2, device=DEVICE,
+                       backend="reference")
+    HK, HV, K = SPECS["gdn"].num_k_heads, SPECS["gdn"].num_v_heads, SPECS["gdn"].head_k_dim
+    ok = dict(q=torch.randn(3, HK, K), k=torch.randn(3, HK, K), a=torch.randn(3, HV), b=torch.randn(3, HV),
+              A_log=torch.randn(HV), dt_bias=torch.randn(HV))
+    ok = {n: t.to(DEVICE) for n, t in ok.items()}
+    made = rs.gating(gdn, **ok)
+    assert made["k"].dtype == gdn.cfg.torch_ring_dtype and made["g"].shape == (3, HV)
+    for name, bad, match in (("a", torch.randn(3, HV, K), r"a: expected shape \[3, 4\]"),
+                             ("dt_bias", torch.randn(HV, 1), r"dt_bias: expected shape \[4\]"),
+                             ("k", torch.randn(3, K, HK).transpose(1, 2), "k: expected a contiguous last dimension"),
+                             ("A_log", torch.randn(2 * HV)[::2], "A_log: expected a contiguous")):
+        with pytest.raises(ValueError, match=match):
+            rs.gating(gdn, **dict(ok, **{name: bad.to(DEVICE)}))
+    with pytest.raises(ValueError, match="lower_bound: the safe gate is KDA's"):
+        rs.gating(gdn, **ok, lower_bound=-5.0)
+    mamba = rs.StatePool(SPECS["mamba2"], rs.ReplayConfig(window=4), num_layers=1, num_slots=2, device=DEVICE,
+                         backend="reference")
+    with pytest.raises(ValueError, match="pool: gating forms GDN / KDA inputs"):
+        rs.gating(mamba, **ok)

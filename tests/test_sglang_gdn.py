@@ -4,8 +4,8 @@ cache parameters.
 
 The reference is the fp64 step recurrence fed with the gating SGLang's packed kernel computes
 (q, k L2-normalised, ``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``); rings and
-cursors are compared with a standalone StatePool fed those inputs (v and cursors bit-exactly; k, g,
-beta, formed in fp32 by the adapter and in fp64 here, to 1e-6).
+cursors are compared bit for bit with a standalone StatePool fed ``replayssm.gating``'s reference of
+the same raw inputs (the adapter forms them with the pool backend's gating, one launch on Triton).
 """
 
 import pytest
@@ -17,6 +17,7 @@ import replayssm as rs  # noqa: E402
 from conftest import DEVICE  # noqa: E402
 from helpers import TOL, accepted_states, chain_oracle, commit_with_tracks, rms_ratio, step_oracle  # noqa: E402
 from replayssm.integrations.sglang import hooks, pool as replay_pool  # noqa: E402
+from replayssm.kernels.gating.reference import gating_ref  # noqa: E402
 
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool  # noqa: E402
@@ -50,13 +51,24 @@ def _gating(mixed, a, b, A_log, dt_bias):
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_gdn_packed_decode_matches_step_recurrence(backend):
-    """Both StatePool backends behind the adapter (the Triton kernels in Triton's interpreter on a CPU)."""
+def test_gdn_packed_decode_matches_step_recurrence(backend, monkeypatch):
+    """Both StatePool backends behind the adapter (the Triton kernels in Triton's interpreter on a CPU);
+    the adapter's gating runs on the pool's backend once per layer and step."""
+    import importlib
+    module = importlib.import_module(rs.backend.BACKENDS[backend])
+    original, calls = module.gating, []
+
+    def spy(pool, **kw):
+        calls.append(pool)
+        return original(pool, **kw)
+
+    monkeypatch.setattr(module, "gating", spy)
     hooks.install(rs.ReplayConfig(window=4, read_format="fp8", ring_dtype="float32"), backend=backend)
     try:
         _gdn_decode_run(backend)
     finally:
         hooks.uninstall()
+    assert len(calls) == 10 * len(LAYERS)
 
 
 def _gdn_decode_run(backend):
@@ -99,15 +111,17 @@ def _gdn_decode_run(backend):
             rows = {name: t[real] for name, t in ref.items()}
             y, oracle[layer] = step_oracle(SPEC, oracle[layer], dict(rows, scale=K ** -0.5))
             errs.append(rms_ratio(out[0, real], y))
-            rs.decode(twin, layer, batch.long(), q=ref["q"].float(), k=ref["k"].float(), v=ref["v"].float(),
-                      g=ref["g"].float(), beta=ref["beta"].float(), scale=K ** -0.5)
+            q, k, v = mixed.split([HK * K, HK * K, HV * V], dim=-1)
+            made = gating_ref(q.view(4, HK, K), k.view(4, HK, K), a, b, A_log[layer], dt_bias[layer],
+                              ring_dtype=torch.float32, beta_dtype=b.dtype)
+            rs.decode(twin, layer, batch.long(), q=q.view(4, HK, K), v=v.reshape(4, HV, V), scale=K ** -0.5, **made)
     assert max(errs) < TOL["fp8"] and sum(errs) / len(errs) < TOL["fp8"] / 4, errs
     for layer in range(2):
         assert rms_ratio(mp.replay.read_state(layer, slots), oracle[layer]) < TOL["float32"]
     assert mp.replay.cursors["count"][:, slots].eq(2).all()
-    assert torch.equal(mp.replay.ring["v"], twin.ring["v"])              # v is stored as SGLang passed it
-    for name in ("k", "g", "beta", "d"):                                # formed in fp32 here, in fp64 for the twin
-        assert rms_ratio(mp.replay.ring[name], twin.ring[name].double()) < 1e-6, name
+    for name in ("k", "v", "g", "beta"):                               # the same raw entries, bit for bit
+        assert torch.equal(mp.replay.ring[name], twin.ring[name]), name
+    assert rms_ratio(mp.replay.ring["d"], twin.ring["d"].double()) < 1e-6
     for name, cur in mp.replay.cursors.items():
         assert torch.equal(cur, twin.cursors[name]), name
 

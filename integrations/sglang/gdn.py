@@ -6,31 +6,19 @@ decode step after the conv update, and ``TritonGDNKernel.target_verify``, which
 ``replay_packed_decode`` / ``replay_target_verify`` take those calls' arguments and run
 ``replayssm.decode`` / ``replayssm.verify`` on the layer's ``ReplayMambaPool`` state, in place of
 SGLang's conventional kernels and of its own replay kernels; the commit is ``mamba2.commit_after_verify``
-(family-independent). The gating SGLang fuses into its kernels is formed here, with the same
-formulas: q, k L2-normalised (``x / sqrt(sum x^2 + 1e-6)``), ``g = -exp(A_log) * softplus(a + dt_bias)``
-(threshold 20), ``beta = sigmoid(b)`` (rounded to b's dtype in the packed decode, as SGLang's).
+(family-independent). The gating SGLang fuses into its kernels is formed by ``replayssm.gating`` (one
+launch on the triton backend) with SGLang's formulas: q, k L2-normalised (``x / sqrt(sum x^2 + 1e-6)``;
+q through ``q_scale``), ``g = -exp(A_log) * softplus(a + dt_bias)`` (threshold 20), ``beta = sigmoid(b)``
+(rounded to b's dtype in the packed decode, as SGLang's).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 import replayssm
 
 from . import pool as replay_pool
-
-
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """SGLang's in-kernel q / k normalisation, ``x / sqrt(sum x^2 + 1e-6)`` in fp32 (for k, which enters the ring)."""
-    x = x.float()
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
-
-
-def inverse_norm(x: torch.Tensor) -> torch.Tensor:
-    """``q_scale`` of SGLang's q normalisation, ``1 / sqrt(sum x^2 + 1e-6)`` in fp32 ``[..., HK]``: q reaches the
-    kernels in its own 16 bits (exact tensor-core operands for the verify) and the factor applies to outputs."""
-    return torch.rsqrt(x.float().square().sum(-1) + 1e-6)
 
 
 def unpack_qkv(spec, mixed_qkv: torch.Tensor, num_v_heads: int, head_v_dim: int, kwargs: dict):
@@ -78,12 +66,10 @@ def replay_packed_decode(kernel, mixed_qkv: torch.Tensor, a: torch.Tensor, b: to
         raise ValueError(f"ssm_states: a {spec.family} pool reached the GDN kernel")
     q, k, v = unpack_qkv(spec, mixed_qkv, num_v_heads, head_v_dim, kwargs)
     slots = replay_pool.replay_slots(owner.replay, cache_indices)
-    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float(), threshold=20.0)
-    beta = torch.sigmoid(b.float()).to(b.dtype).float()
+    made = replayssm.gating(owner.replay, q=q, k=k, a=a, b=b, A_log=A_log, dt_bias=dt_bias, beta_round=True)
     out = torch.empty(v.shape, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
-    replayssm.decode(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=q, q_scale=inverse_norm(q), k=l2norm(k).to(owner.replay.cfg.torch_ring_dtype), v=v,
-                     g=g, beta=beta, scale=scale)
+    replayssm.decode(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay), q=q, v=v,
+                     scale=scale, **made)
     return out.unsqueeze(0)
 
 
@@ -121,12 +107,9 @@ def replay_target_verify(kernel, A_log: torch.Tensor, dt_bias: torch.Tensor, q: 
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != (n * T, HV):
             raise ValueError(f"{name}: expected [{n * T}, {HV}], got {getattr(t, 'shape', None)}")
     slots = replay_pool.replay_slots(owner.replay, cache_indices)
-    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float(), threshold=20.0)
-    beta = torch.sigmoid(b.float())
+    made = replayssm.gating(owner.replay, q=q[0], k=k[0], a=a, b=b, A_log=A_log, dt_bias=dt_bias)
     out = torch.empty(n, T, HV, V, dtype=v.dtype, device=v.device)
     replayssm.verify(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=q[0].unflatten(0, (n, T)), q_scale=inverse_norm(q[0].unflatten(0, (n, T))),
-                     k=l2norm(k[0].unflatten(0, (n, T))).to(owner.replay.cfg.torch_ring_dtype),
-                     v=v[0].unflatten(0, (n, T)), g=g.view(n, T, HV), beta=beta.view(n, T, HV),
-                     scale=kwargs.get("scale") or K ** -0.5)
+                     q=q[0].unflatten(0, (n, T)), v=v[0].unflatten(0, (n, T)),
+                     scale=kwargs.get("scale") or K ** -0.5, **{name: t.unflatten(0, (n, T)) for name, t in made.items()})
     return out.view(1, n * T, HV, V)

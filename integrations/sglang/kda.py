@@ -6,21 +6,20 @@ verify variants off so that the verify reaches this seam).
 
 They run ``replayssm.decode`` / ``replayssm.verify`` on the layer's ``ReplayMambaPool`` state in
 place of SGLang's kernels; the commit is ``mamba2.commit_after_verify`` (family-independent).
-The gating SGLang fuses into its kernels is formed here with the same formulas: q, k
-L2-normalised (``x / sqrt(sum x^2 + 1e-6)``), per-channel ``x = a + dt_bias``, ``g = -exp(A_log) *
-softplus(x)`` (threshold 20) or, with a safe gate, ``g = lower_bound * sigmoid(exp(A_log) * x)``;
-``beta = sigmoid(b)`` in fp32.
+The gating SGLang fuses into its kernels is formed by ``replayssm.gating`` (one launch on the triton
+backend) with SGLang's formulas: q, k L2-normalised (``x / sqrt(sum x^2 + 1e-6)``), per-channel ``x = a
++ dt_bias``, ``g = -exp(A_log) * softplus(x)`` (threshold 20) or, with a safe gate, ``g = lower_bound *
+sigmoid(exp(A_log) * x)``; ``beta = sigmoid(b)`` in fp32.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 import replayssm
 
 from . import pool as replay_pool
-from .gdn import inverse_norm, l2norm, unpack_qkv
+from .gdn import unpack_qkv
 
 
 def _owner(ssm_states: torch.Tensor):
@@ -30,10 +29,10 @@ def _owner(ssm_states: torch.Tensor):
     return found
 
 
-def _gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound, n: int,
-           HV: int, K: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``g [n, HV, K]`` and ``beta [n, HV]`` in fp32 from SGLang's a ``[n, HV*K]`` / ``[n, HV, K]``,
-    b ``[n, HV]`` / ``[1, n, HV]``, A_log with HV and dt_bias with HV*K elements."""
+def _gating(pool, q, k, a, b, A_log, dt_bias, lower_bound, n: int) -> dict:
+    """``replayssm.gating`` of SGLang's KDA inputs: a ``[n, HV*K]`` / ``[n, HV, K]``, b ``[n, HV]`` /
+    ``[1, n, HV]``, A_log with HV and dt_bias with HV*K elements (viewed, never copied)."""
+    HV, K = pool.spec.num_v_heads, pool.spec.head_k_dim
     if not isinstance(a, torch.Tensor) or tuple(a.shape) not in ((n, HV * K), (n, HV, K)):
         raise ValueError(f"a: expected [{n}, {HV * K}] or [{n}, {HV}, {K}], got {getattr(a, 'shape', None)}")
     if not isinstance(b, torch.Tensor) or tuple(b.shape) not in ((n, HV), (1, n, HV)):
@@ -41,13 +40,8 @@ def _gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch
     if A_log.numel() != HV or dt_bias.numel() != HV * K:
         raise ValueError(f"A_log, dt_bias: expected {HV} and {HV * K} elements, got {A_log.numel()} and "
                          f"{dt_bias.numel()}")
-    x = a.float().view(n, HV, K) + dt_bias.float().view(HV, K)
-    rate = torch.exp(A_log.float().view(HV, 1))
-    if lower_bound is None:
-        g = -rate * F.softplus(x, threshold=20.0)
-    else:
-        g = float(lower_bound) * torch.sigmoid(rate * x)
-    return g, torch.sigmoid(b.float().view(n, HV))
+    return replayssm.gating(pool, q=q, k=k, a=a.view(n, HV, K), b=b.view(n, HV), A_log=A_log.view(HV),
+                            dt_bias=dt_bias.view(HV, K), lower_bound=lower_bound)
 
 
 def _step(ssm_states, q, k, v, a, b, A_log, dt_bias, lower_bound, scale, cache_indices) -> torch.Tensor:
@@ -55,13 +49,11 @@ def _step(ssm_states, q, k, v, a, b, A_log, dt_bias, lower_bound, scale, cache_i
     owner, layer = _owner(ssm_states)
     spec = owner.replay.spec
     n = q.shape[0]
-    g, beta = _gates(a, b, A_log, dt_bias, lower_bound, n, spec.num_v_heads, spec.head_k_dim)
+    made = _gating(owner.replay, q, k, a, b, A_log, dt_bias, lower_bound, n)
     slots = replay_pool.replay_slots(owner.replay, cache_indices)
     out = torch.empty(n, spec.num_v_heads, spec.head_v_dim, dtype=v.dtype, device=v.device)
-    replayssm.decode(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=q, q_scale=inverse_norm(q),
-                     k=l2norm(k).to(owner.replay.cfg.torch_ring_dtype), v=v, g=g, beta=beta,
-                     scale=scale if scale is not None else spec.head_k_dim ** -0.5)
+    replayssm.decode(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay), q=q, v=v,
+                     scale=scale if scale is not None else spec.head_k_dim ** -0.5, **made)
     return out.unsqueeze(0)
 
 
@@ -147,13 +139,12 @@ def replay_target_verify(kernel, A_log: torch.Tensor, dt_bias: torch.Tensor, q: 
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != (1, n * T, heads, dim):
             raise ValueError(f"{name}: expected [1, {n * T}, {heads}, {dim}] (n = {n} rows of T = {T} tokens, "
                              f"a dense chain), got {getattr(t, 'shape', None)}")
-    g, beta = _gates(a, b, A_log, dt_bias, lower_bound, n * T, HV, K)
+    made = _gating(owner.replay, q[0], k[0], a, b, A_log, dt_bias, lower_bound, n * T)
     slots = replay_pool.replay_slots(owner.replay, cache_indices)
     out = torch.empty(n, T, HV, V, dtype=v.dtype, device=v.device)
     scale = kwargs.get("scale")
     replayssm.verify(owner.replay, layer, slots, out=out, checked=replay_pool.checked(owner.replay),
-                     q=q[0].unflatten(0, (n, T)), q_scale=inverse_norm(q[0].unflatten(0, (n, T))),
-                     k=l2norm(k[0].unflatten(0, (n, T))).to(owner.replay.cfg.torch_ring_dtype),
-                     v=v[0].unflatten(0, (n, T)), g=g.view(n, T, HV, K), beta=beta.view(n, T, HV),
-                     scale=scale if scale is not None else K ** -0.5)
+                     q=q[0].unflatten(0, (n, T)), v=v[0].unflatten(0, (n, T)),
+                     scale=scale if scale is not None else K ** -0.5,
+                     **{name: t.unflatten(0, (n, T)) for name, t in made.items()})
     return out.view(1, n * T, HV, V)

@@ -7,9 +7,10 @@ verify with its random acceptance, fork, flush). Sequences are logical ids ``0..
 
 The delta families' inputs come in two forms drawn together: SGLang's call-site form
 (``raw``: un-normalised q, k in the ring dtype, v, gating inputs ``a`` and ``b`` with
-``A_log = dt_bias = 0``) and the replayssm form (``inputs``: q, k L2-normalised with the formula
-SGLang's kernels use, ``g = -softplus(a)``, ``beta = sigmoid(b)``), computed with the same
-fp32 operations the SGLang adapter performs, so both forms reach the op as the same bits.
+``A_log = dt_bias = 0``) and the replayssm form (``inputs``: ``q_scale``, k L2-normalised,
+``g = -softplus(a)``, ``beta = sigmoid(b)``), computed by ``replayssm.gating``'s reference, whose
+bits every backend's gating (the one the SGLang adapter calls) reproduces, so both forms reach the
+op as the same bits.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import zlib
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 import replayssm as rs
+from replayssm.kernels.gating.reference import gating_ref
 
 NUM_LAYERS = 1
 # tiny dims: every contraction axis 16 (read copies and the Triton kernels need a power of two
@@ -99,18 +100,6 @@ class Case:
         return f"{self.family}-{self.mode}"
 
 
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """k normalisation of SGLang's linear-attention kernels, in fp32: ``x / sqrt(sum x^2 + 1e-6)``."""
-    x = x.float()
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
-
-
-def inverse_norm(x: torch.Tensor) -> torch.Tensor:
-    """q's ``q_scale`` as the SGLang adapters form it: ``1 / sqrt(sum x^2 + 1e-6)`` in fp32 (q itself
-    stays in its dtype)."""
-    return torch.rsqrt(x.float().square().sum(-1) + 1e-6)
-
-
 def _mamba2_inputs(spec, params, lead, gen, dtype) -> dict:
     H, P, N, G = spec.num_heads, spec.head_dim, spec.state_dim, spec.num_groups
     r = lambda *s, scale=1.0: (torch.randn(*lead, *s, generator=gen) * scale).to(dtype)  # noqa: E731
@@ -125,10 +114,9 @@ def _delta_inputs(spec, lead, gen, dtype) -> tuple[dict, dict]:
     raw = dict(q=r(HK, K), k=r(HK, K), v=r(HV, V),
                # softplus(a) in ~[0.005, 0.2]: long memory, never zero decay
                a=torch.randn(*lead, *gate, generator=gen) * 0.5 - 3.5, b=torch.randn(*lead, HV, generator=gen))
-    # the adapter's gating with A_log = dt_bias = 0: -exp(0) * softplus(a + 0), sigmoid(b)
-    inputs = dict(q=raw["q"], q_scale=inverse_norm(raw["q"]), k=l2norm(raw["k"]).to(dtype), v=raw["v"],
-                  g=-1.0 * F.softplus(raw["a"].float() + 0.0, threshold=20.0), beta=torch.sigmoid(raw["b"].float()),
-                  scale=spec.head_k_dim ** -0.5)
+    # the adapter's gating (replayssm.gating) with A_log = dt_bias = 0: -exp(0) * softplus(a + 0), sigmoid(b)
+    made = gating_ref(raw["q"], raw["k"], raw["a"], raw["b"], torch.zeros(HV), torch.zeros(*gate), ring_dtype=dtype)
+    inputs = dict(q=raw["q"], v=raw["v"], scale=spec.head_k_dim ** -0.5, **made)
     return inputs, raw
 
 
