@@ -704,12 +704,13 @@ def test_gating_refuses_bad_input_naming_the_argument():
     ok = {n: t.to(DEVICE) for n, t in ok.items()}
     made = rs.gating(gdn, **ok)
     assert made["k"].dtype == gdn.cfg.torch_ring_dtype and made["g"].shape == (3, HV)
-    for name, bad, match in (("a", torch.randn(3, HV, K), r"a: expected shape \[3, 4\]"),
-                             ("dt_bias", torch.randn(HV, 1), r"dt_bias: expected shape \[4\]"),
-                             ("k", torch.randn(3, K, HK).transpose(1, 2), "k: expected a contiguous last dimension"),
-                             ("A_log", torch.randn(2 * HV)[::2], "A_log: expected a contiguous")):
+    for name, bad, match in (("a", torch.randn(3, HV, K, device=DEVICE), r"a: expected shape \[3, 4\]"),
+                             ("dt_bias", torch.randn(HV, 1, device=DEVICE), r"dt_bias: expected shape \[4\]"),
+                             ("k", torch.randn(3, K, HK, device=DEVICE).transpose(1, 2),
+                              "k: expected a contiguous last dimension"),
+                             ("A_log", torch.randn(2 * HV, device=DEVICE)[::2], "A_log: expected a contiguous")):
         with pytest.raises(ValueError, match=match):
-            rs.gating(gdn, **dict(ok, **{name: bad.to(DEVICE)}))
+            rs.gating(gdn, **dict(ok, **{name: bad}))
     with pytest.raises(ValueError, match="lower_bound: the safe gate is KDA's"):
         rs.gating(gdn, **ok, lower_bound=-5.0)
     mamba = rs.StatePool(SPECS["mamba2"], rs.ReplayConfig(window=4), num_layers=1, num_slots=2, device=DEVICE,

@@ -398,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="profile this many decode steps of the first load at the largest concurrency, with all its "
                          "requests running (needs --server-log-level info); the row carries the kernels' time per "
-                         "step by group (profile_trace.py)")
+                         "step by group (profile_trace.py). A multiple of the replay window (32) profiles the same "
+                         "number of flush steps in every variant")
     ap.add_argument("--draft-tokens", type=int, default=4, help="tokens per verify, the bonus token included")
     ap.add_argument("--groups", type=int, default=8, help="prefix workload: distinct shared prefixes")
     ap.add_argument("--prompts-per-group", type=int, default=32)
