@@ -657,3 +657,19 @@ def test_profiled_load_starts_the_profile_once_every_request_runs(tmp_path, monk
     # not the largest concurrency, or a later load: no profile
     assert bench_serving.profile_load(Client(), args, 1, 1, str(log), start, tmp_path / "p2", 60) is None
     assert bench_serving.profile_load(Client(), args, 4, 2, str(log), start, tmp_path / "p3", 60) is None
+
+
+def test_run_meta_marks_a_tree_whose_files_differ_from_its_commit(tmp_path):
+    def git(*cmd):
+        subprocess.run(["git", *cmd], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f.py").write_text("a = 1\n")
+    git("add", "f.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
+                          text=True).stdout.strip()
+    assert check_server.tree_commit(tmp_path) == head
+    (tmp_path / "f.py").write_text("a = 2\n")
+    assert check_server.tree_commit(tmp_path) == f"{head}-modified"
+    assert check_server.tree_commit(pathlib.Path("/")) == "unknown"

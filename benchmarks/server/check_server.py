@@ -311,6 +311,24 @@ def table(paths: list[pathlib.Path]) -> str:
     return "\n".join(rows)
 
 
+def tree_commit(folder: pathlib.Path) -> str:
+    """The short commit of the git tree holding ``folder``, with ``-modified`` when tracked files differ
+    from it (a copied tree whose ``.git`` is older than its files), or ``unknown``; ``REPLAYSSM_COMMIT``
+    in the environment names the commit instead."""
+    def git(*cmd: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=folder, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return "unknown"
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return head if changed == "" else f"{head}-modified"
+
+
 def run_meta(args) -> dict:
     """Where and with what a run ran: date, GPU, package versions, the tree's commit, the weights."""
     import importlib.metadata as md
@@ -323,13 +341,7 @@ def run_meta(args) -> dict:
         except md.PackageNotFoundError:
             return "absent"
 
-    commit = os.environ.get("REPLAYSSM_COMMIT")
-    if commit is None:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    cwd=pathlib.Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
-        except (OSError, subprocess.TimeoutExpired):
-            commit = "unknown"
+    commit = os.environ.get("REPLAYSSM_COMMIT") or tree_commit(pathlib.Path(__file__).parent)
     return dict(date=time.strftime("%Y-%m-%d", time.gmtime()), commit=commit,
                 gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
                 weights=f"{args.weights} (seed {args.seed})",
