@@ -673,3 +673,23 @@ def test_run_meta_marks_a_tree_whose_files_differ_from_its_commit(tmp_path):
     (tmp_path / "f.py").write_text("a = 2\n")
     assert check_server.tree_commit(tmp_path) == f"{head}-modified"
     assert check_server.tree_commit(pathlib.Path("/")) == "unknown"
+
+
+def test_profile_plot_draws_every_profiled_row_and_refuses_files_without_one(tmp_path):
+    pytest.importorskip("matplotlib")
+    import profile_trace
+
+    prof = dict(per_step=dict(kernel_us=10.0, busy_us=9.0, span_us=20.0, launches=3.0),
+                groups={"replayssm": dict(us=4.0, launches=1.0, share=0.4), "gemm": dict(us=6.0, launches=2.0,
+                                                                                         share=0.6)}, top=[])
+    rows = [dict(model="m", variant="sglang", profile=prof), dict(model="m", variant="replay-nvfp4", profile=prof),
+            dict(model="m", variant="replay-fp32", output_throughput=1.0)]
+    path = tmp_path / "serving-m-run1.json"
+    path.write_text(json.dumps(dict(model="m", rows=rows)))
+    assert [label for label, _ in profile_trace.profiled_rows([path])] == ["m\nrun1\nsglang", "m\nrun1\nreplay-nvfp4"]
+    assert profile_trace.main([str(path), "--plot", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    bare = tmp_path / "serving-m.json"
+    bare.write_text(json.dumps(dict(model="m", rows=rows[2:])))
+    with pytest.raises(SystemExit):
+        profile_trace.main([str(bare), "--plot", str(tmp_path / "q.png")])

@@ -3,12 +3,14 @@ that SGLang's server wrote (``POST /start_profile`` with ``activities=["GPU"]``,
 ``bench_serving.py --profile-steps``).
 
     python benchmarks/server/profile_trace.py TRACE.json[.gz] --steps N [--json OUT]
+    python benchmarks/server/profile_trace.py --plot OUT.png serving-<model>.json ...
 
 Every kernel event of the trace (CUDA-graph replays included: CUPTI records each kernel node) is put
 in one of ``GROUPS`` by its name; the summary gives per decode step (the trace's kernel time divided
 by ``--steps``) each group's time and launch count, the GPU's busy time (the union of the kernels'
 intervals) and the span from the first kernel's start to the last one's end, and the kernels of the
-most time.
+most time. ``--plot`` draws the profiled rows of ``bench_serving.py``'s files: kernel time per step by
+group beside the step's wall span.
 """
 
 from __future__ import annotations
@@ -86,6 +88,48 @@ def summarize(trace: dict, steps: int, top: int = 30) -> dict:
              for n, (t, c) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]])
 
 
+def profiled_rows(paths: list[pathlib.Path]) -> list[tuple[str, dict]]:
+    """``(label, row)`` for every row with a ``profile`` in these ``serving-<model>[-<run>].json`` files
+    (label: the model, the run from the file's name, the variant)."""
+    found = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        run = path.stem.removeprefix(f"serving-{data['model']}").strip("-")
+        for r in data["rows"]:
+            if "profile" in r:
+                found.append((f"{r['model']}\n{run}\n{r['variant']}", r))
+    if not found:
+        raise ValueError(f"paths: no profiled row in {[str(p) for p in paths]} (run bench_serving with --profile-steps)")
+    return found
+
+
+def plot(paths: list[pathlib.Path], out: pathlib.Path) -> None:
+    """A bar per profiled row: its kernels' time per decode step stacked by group, and the step's wall
+    span (the profiled stretch's time per step) as a marker, the gap being the GPU's idle time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = profiled_rows(paths)
+    groups = [g for g, _ in GROUPS] + ["other"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows)), 5))
+    x = range(len(rows))
+    bottom = [0.0] * len(rows)
+    for g in groups:
+        h = [r["profile"]["groups"].get(g, {}).get("us", 0.0) / 1000 for _, r in rows]
+        if any(h):
+            ax.bar(x, h, bottom=bottom, label=g)
+            bottom = [b + v for b, v in zip(bottom, h)]
+    ax.plot(x, [r["profile"]["per_step"]["span_us"] / 1000 for _, r in rows], "k_", markersize=28,
+            label="step span (wall)")
+    ax.set_xticks(list(x), [label for label, _ in rows], fontsize=6)
+    ax.set_ylabel("ms per decode step")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
 def load(path: pathlib.Path) -> dict:
     """A chrome trace, gzipped or not."""
     opener = gzip.open if path.suffix == ".gz" else open
@@ -95,10 +139,21 @@ def load(path: pathlib.Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trace", type=pathlib.Path)
-    ap.add_argument("--steps", type=int, required=True, help="forward steps the trace holds")
+    ap.add_argument("inputs", type=pathlib.Path, nargs="+",
+                    help="a trace (with --steps), or serving-<model>.json files (with --plot)")
+    ap.add_argument("--steps", type=int, help="forward steps the trace holds")
     ap.add_argument("--json", type=pathlib.Path, help="write the summary here as JSON")
+    ap.add_argument("--plot", type=pathlib.Path, help="draw the profiled rows of the serving files to this PNG")
     args = ap.parse_args(argv)
+    if args.plot:
+        try:
+            plot(args.inputs, args.plot)
+        except ValueError as e:
+            ap.error(str(e))
+        return 0
+    if args.steps is None or len(args.inputs) != 1:
+        ap.error("expected one trace and --steps (or --plot with serving files)")
+    args.trace = args.inputs[0]
     s = summarize(load(args.trace), args.steps)
     if args.json:
         args.json.write_text(json.dumps(s, indent=1) + "\n")
