@@ -105,9 +105,13 @@ def verify(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tenso
     return _run(pool, layer, slots, inputs, out, is_verify=True, checked=checked)
 
 
+L2NORMS = ("sglang", "fla", None)
+
+
 def gating(pool: StatePool, *, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
            A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None = None,
-           beta_round: bool = False) -> dict:
+           beta_round: bool = False, l2norm: str | None = "sglang", softplus_beta: float = 1.0,
+           softplus_threshold: float = 20.0) -> dict:
     """A GDN / KDA step's ``q_scale``, ``k``, ``g`` and ``beta`` from a host's raw projections, with
     the formulas of ``replayssm/kernels/gating/reference.py`` (one launch on the triton backend, the
     same bits on every backend).
@@ -120,10 +124,15 @@ def gating(pool: StatePool, *, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor
         lower_bound: KDA's safe gate ``lower_bound * sigmoid(exp(A_log) * (a + dt_bias))`` (the
             bound taken as fp32); None for ``-exp(A_log) * softplus(a + dt_bias)``.
         beta_round: round ``sigmoid(b)`` through b's dtype (SGLang's GDN packed decode does).
+        l2norm: "sglang" ``x / sqrt(sum x^2 + 1e-6)``; "fla" ``x / (sqrt(sum x^2) + 1e-6)`` (fla's and
+            TensorRT-LLM's kernels); None: q and k are already normalised, k is only rounded to the
+            ring dtype and no q_scale is formed.
+        softplus_beta, softplus_threshold: ``softplus(x) = log1p(exp(beta x)) / beta``, x itself
+            where ``beta x > threshold`` (both taken as fp32).
     Returns:
         Fresh ``dict(q_scale [N, HK] fp32, k [N, HK, K] ring dtype, g [N, HV] or [N, HV, K] fp32,
-        beta [N, HV] fp32)``, to pass to :func:`decode` (or, with a token axis, :func:`verify`) with q
-        and v.
+        beta [N, HV] fp32)`` (no q_scale with ``l2norm=None``), to pass to :func:`decode` (or, with
+        a token axis, :func:`verify`) with q and v.
     """
     if not isinstance(pool, StatePool):
         raise TypeError(f"pool: expected a StatePool, got {type(pool).__name__}")
@@ -144,5 +153,10 @@ def gating(pool: StatePool, *, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor
             raise ValueError(f"{name}: expected a contiguous tensor (a layer constant, never copied)")
     if lower_bound is not None and not per_channel:
         raise ValueError("lower_bound: the safe gate is KDA's; a GDN pool takes None")
+    if l2norm not in L2NORMS:
+        raise ValueError(f"l2norm: expected one of {L2NORMS}, got {l2norm!r}")
+    if not softplus_beta > 0:
+        raise ValueError(f"softplus_beta: expected a positive factor, got {softplus_beta}")
     return pool.backend_ops.gating(pool, q=q, k=k, a=a, b=b, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                                   beta_round=bool(beta_round))
+                                   beta_round=bool(beta_round), l2norm=l2norm, softplus_beta=float(softplus_beta),
+                                   softplus_threshold=float(softplus_threshold))

@@ -59,9 +59,11 @@ class Backend(Protocol):
         """fp32 state ``[r, *state_shape]`` after the committed ring of ``cpu_rows``; nothing changes."""
 
     def gating(self, pool, *, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-               A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None, beta_round: bool) -> dict:
+               A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None, beta_round: bool,
+               l2norm: str | None, softplus_beta: float, softplus_threshold: float) -> dict:
         """A GDN / KDA pool's step inputs from raw projections (validated; see ``replayssm.gating``),
-        bit for bit ``kernels/gating/reference.py``: fresh ``dict(q_scale, k, g, beta)``."""
+        bit for bit ``kernels/gating/reference.py``: fresh ``dict(q_scale, k, g, beta)`` (no q_scale
+        when ``l2norm`` is None)."""
 
 
 def register(name: str, module: str) -> None:

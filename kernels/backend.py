@@ -125,13 +125,19 @@ def commit(cursors: dict, slots: torch.Tensor, num_accepted: torch.Tensor) -> No
 fold_committed = backend_reference.fold_committed
 
 
-def gating(pool, *, q, k, a, b, A_log, dt_bias, lower_bound, beta_round) -> dict:
+_L2NORM_CODES = {None: 0, "sglang": 1, "fla": 2}
+
+
+def gating(pool, *, q, k, a, b, A_log, dt_bias, lower_bound, beta_round, l2norm, softplus_beta,
+           softplus_threshold) -> dict:
     """A GDN / KDA step's inputs from raw projections in one launch (``ops.delta_gating``)."""
     N, HK, K = q.shape
-    made = dict(q_scale=torch.empty(N, HK, dtype=torch.float32, device=q.device),
-                k=torch.empty(N, HK, K, dtype=pool.cfg.torch_ring_dtype, device=q.device),
+    made = dict(k=torch.empty(N, HK, K, dtype=pool.cfg.torch_ring_dtype, device=q.device),
                 g=torch.empty(a.shape, dtype=torch.float32, device=q.device),
                 beta=torch.empty(b.shape, dtype=torch.float32, device=q.device))
-    ops.delta_gating(q, k, a, b, A_log, dt_bias, made["q_scale"], made["k"], made["g"], made["beta"],
-                     lower_bound=lower_bound, beta_round=beta_round)
+    if l2norm is not None:
+        made["q_scale"] = torch.empty(N, HK, dtype=torch.float32, device=q.device)
+    ops.delta_gating(q, k, a, b, A_log, dt_bias, made.get("q_scale"), made["k"], made["g"], made["beta"],
+                     lower_bound=lower_bound, beta_round=beta_round, l2norm=_L2NORM_CODES[l2norm],
+                     softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
     return made

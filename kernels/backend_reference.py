@@ -180,7 +180,9 @@ def fold_committed(pool, layer: int, cpu_rows: torch.Tensor) -> torch.Tensor:
     return dref.delta_window_fold(S0, k, d, gam, width)
 
 
-def gating(pool, *, q, k, a, b, A_log, dt_bias, lower_bound, beta_round) -> dict:
+def gating(pool, *, q, k, a, b, A_log, dt_bias, lower_bound, beta_round, l2norm, softplus_beta,
+           softplus_threshold) -> dict:
     """A GDN / KDA step's inputs from raw projections (``kernels/gating/reference.py``)."""
     return gating_ref(q, k, a, b, A_log, dt_bias, ring_dtype=pool.cfg.torch_ring_dtype, lower_bound=lower_bound,
-                      beta_dtype=b.dtype if beta_round else None)
+                      beta_dtype=b.dtype if beta_round else None, l2norm=l2norm, softplus_beta=softplus_beta,
+                      softplus_threshold=softplus_threshold)

@@ -335,8 +335,9 @@ def commit(count: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor, num_
 
 @torch.library.custom_op("replayssm::delta_gating", mutates_args=("q_scale", "k_out", "g", "beta"))
 def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
-                 dt_bias: torch.Tensor, q_scale: torch.Tensor, k_out: torch.Tensor, g: torch.Tensor,
-                 beta: torch.Tensor, lower_bound: Optional[float] = None, beta_round: bool = False) -> None:
+                 dt_bias: torch.Tensor, q_scale: Optional[torch.Tensor], k_out: torch.Tensor, g: torch.Tensor,
+                 beta: torch.Tensor, lower_bound: Optional[float] = None, beta_round: bool = False,
+                 l2norm: int = 1, softplus_beta: float = 1.0, softplus_threshold: float = 20.0) -> None:
     """A GDN / KDA step's inputs from a host's raw projections, in one launch (the formulas of
     ``kernels/gating/reference.py``, bit for bit); outputs written in place.
 
@@ -347,14 +348,16 @@ def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Ten
     | b        | [N, HV]                    | float        | in  |
     | A_log    | [HV]                       | float        | in  |
     | dt_bias  | [HV] or [HV, K]            | float        | in  |
-    | q_scale  | [N, HK]                    | fp32         | out |
+    | q_scale  | [N, HK] (None: l2norm 0)   | fp32         | out |
     | k_out    | [N, HK, K]                 | ring dtype   | out |
     | g        | [N, HV] or [N, HV, K]      | fp32         | out |
     | beta     | [N, HV]                    | fp32         | out |
 
-    ``lower_bound``: a safe gate's bound (KDA), None for the softplus gate; ``beta_round``: round
-    beta through b's dtype (SGLang's GDN packed decode). Inputs need a contiguous last dimension,
-    outputs and A_log / dt_bias are contiguous.
+    ``lower_bound``: a safe gate's bound (KDA), None for the softplus gate (``softplus_beta``,
+    ``softplus_threshold``); ``beta_round``: round beta through b's dtype (SGLang's GDN packed
+    decode); ``l2norm``: 1 ``x / sqrt(sum x^2 + 1e-6)`` (SGLang's), 2 ``x / (sqrt(sum x^2) + 1e-6)``
+    (fla's, TensorRT-LLM's), 0 none (k only rounded to ``k_out``'s dtype, no q_scale). Inputs need a
+    contiguous last dimension, outputs and A_log / dt_bias are contiguous.
     """
     N, HK, K = q.shape
     per_channel = a.dim() == 3
@@ -364,7 +367,11 @@ def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Ten
     _require("b", b, (N, HV))
     _require("A_log", A_log, (HV,), contiguous=True)
     _require("dt_bias", dt_bias, (HV, K) if per_channel else (HV,), contiguous=True)
-    _require("q_scale", q_scale, (N, HK), torch.float32, contiguous=True)
+    if l2norm not in (0, 1, 2) or (q_scale is None) != (l2norm == 0):
+        raise ValueError(f"l2norm, q_scale: expected 1 or 2 with a q_scale, or 0 without, got {l2norm} and "
+                         f"{'no' if q_scale is None else 'a'} q_scale")
+    if q_scale is not None:
+        _require("q_scale", q_scale, (N, HK), torch.float32, contiguous=True)
     _require("k_out", k_out, (N, HK, K), contiguous=True)
     _require("g", g, tuple(a.shape), torch.float32, contiguous=True)
     _require("beta", beta, (N, HV), torch.float32, contiguous=True)
@@ -372,11 +379,17 @@ def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Ten
         return
     _delta_gating_kernel[(N,)](
         q=q, q_r=q.stride(0), q_h=q.stride(1), k=k, k_r=k.stride(0), k_h=k.stride(1), a=a, a_r=a.stride(0),
-        a_h=a.stride(1) if per_channel else 0, b=b, b_r=b.stride(0), A_log=A_log, dt_bias=dt_bias, q_scale=q_scale,
-        k_out=k_out, g=g, beta=beta, lower_bound=float(torch.tensor(lower_bound or 0.0, dtype=torch.float32)), HK=HK, HV=HV,
-        K=K, BHK=triton.next_power_of_2(HK), BHV=triton.next_power_of_2(HV), BK=triton.next_power_of_2(K),
-        PER_CHANNEL=per_channel, SAFE_GATE=lower_bound is not None, BETA_ROUND=beta_round,
-        num_warps=4 if per_channel else 2)
+        a_h=a.stride(1) if per_channel else 0, b=b, b_r=b.stride(0), A_log=A_log, dt_bias=dt_bias,
+        q_scale=k_out if q_scale is None else q_scale, k_out=k_out, g=g, beta=beta,
+        lower_bound=_fp32(lower_bound or 0.0), softplus_beta=_fp32(softplus_beta),
+        softplus_threshold=_fp32(softplus_threshold), HK=HK, HV=HV, K=K, BHK=triton.next_power_of_2(HK),
+        BHV=triton.next_power_of_2(HV), BK=triton.next_power_of_2(K), PER_CHANNEL=per_channel,
+        SAFE_GATE=lower_bound is not None, BETA_ROUND=beta_round, NORM=l2norm, num_warps=4 if per_channel else 2)
+
+
+def _fp32(x: float) -> float:
+    """A float scalar rounded to fp32 (what the kernel's fp32 scalar argument holds on every target)."""
+    return float(torch.tensor(x, dtype=torch.float32))
 
 
 def _no_output(*args, **kwargs) -> None:

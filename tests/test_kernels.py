@@ -657,12 +657,13 @@ if CUDA:
 
 
 @pytest.mark.parametrize("case", sorted(GATING_CASES))
-@pytest.mark.parametrize("gate", ["softplus", "softplus-beta-round", "safe"])
+@pytest.mark.parametrize("gate", ["softplus", "softplus-beta-round", "safe", "fla-softplus-beta-2", "no-l2norm"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_gating_kernel_matches_the_reference_bit_for_bit(case, gate, dtype):
     """``replayssm::delta_gating`` (one launch) gives the reference's bits for q_scale, k in the ring
     dtype, g and beta: inputs as strided views of one packed row (SGLang's ``mixed_qkv``), gate inputs
-    over a wide range (softplus' threshold crossed both ways), outputs NaN-poisoned."""
+    over a wide range (softplus' threshold crossed both ways), SGLang's and fla's normalisations and
+    none, outputs NaN-poisoned."""
     N, HK, HV, K = GATING_CASES[case]
     kda = "kda" in case or "kimi" in case
     if gate == "safe" and not kda:
@@ -677,18 +678,24 @@ def test_gating_kernel_matches_the_reference_bit_for_bit(case, gate, dtype):
     dt_bias = torch.randn(gate_shape[1:], generator=gen) * 4
     lower_bound = -5.0 if gate == "safe" else None
     beta_round = gate == "softplus-beta-round"
+    l2norm = {"fla-softplus-beta-2": "fla", "no-l2norm": None}.get(gate, "sglang")
+    softplus = dict(softplus_beta=2.0, softplus_threshold=15.0) if gate == "fla-softplus-beta-2" else {}
     ring = torch.float32 if dtype == torch.float32 else torch.bfloat16
     want = gating_ref(q, k, a, b, A_log, dt_bias, ring_dtype=ring, lower_bound=lower_bound,
-                      beta_dtype=b.dtype if beta_round else None)
+                      beta_dtype=b.dtype if beta_round else None, l2norm=l2norm, **softplus)
+    assert ("q_scale" in want) == (l2norm is not None)
     dev = lambda t: t.to(DEVICE)  # noqa: E731
     got = dict(q_scale=torch.full((N, HK), float("nan"), device=DEVICE),
                k=torch.full((N, HK, K), float("nan"), dtype=ring, device=DEVICE),
                g=torch.full(gate_shape, float("nan"), device=DEVICE),
                beta=torch.full((N, HV), float("nan"), device=DEVICE))
+    if l2norm is None:
+        del got["q_scale"]
     packed = dev(packed)
     ops.delta_gating(packed[:, : HK * K].view(N, HK, K), packed[:, HK * K: 2 * HK * K].view(N, HK, K), dev(a), dev(b),
-                     dev(A_log), dev(dt_bias), got["q_scale"], got["k"], got["g"], got["beta"],
-                     lower_bound=lower_bound, beta_round=beta_round)
+                     dev(A_log), dev(dt_bias), got.get("q_scale"), got["k"], got["g"], got["beta"],
+                     lower_bound=lower_bound, beta_round=beta_round, l2norm={"sglang": 1, "fla": 2, None: 0}[l2norm],
+                     **softplus)
     for name, t in got.items():
         bits = torch.int16 if t.element_size() == 2 else torch.int32
         assert torch.equal(t.cpu().view(bits), want[name].view(bits)), name
@@ -713,6 +720,11 @@ def test_gating_refuses_bad_input_naming_the_argument():
             rs.gating(gdn, **dict(ok, **{name: bad}))
     with pytest.raises(ValueError, match="lower_bound: the safe gate is KDA's"):
         rs.gating(gdn, **ok, lower_bound=-5.0)
+    with pytest.raises(ValueError, match="l2norm: expected one of"):
+        rs.gating(gdn, **ok, l2norm="l2")
+    with pytest.raises(ValueError, match="softplus_beta: expected a positive factor"):
+        rs.gating(gdn, **ok, softplus_beta=0.0)
+    assert set(rs.gating(gdn, **ok, l2norm=None)) == {"k", "g", "beta"}
     mamba = rs.StatePool(SPECS["mamba2"], rs.ReplayConfig(window=4), num_layers=1, num_slots=2, device=DEVICE,
                          backend="reference")
     with pytest.raises(ValueError, match="pool: gating forms GDN / KDA inputs"):

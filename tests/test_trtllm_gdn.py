@@ -204,9 +204,15 @@ def _forward(model, manager, slots, num_contexts, rows, spec_metadata=None):
     return [layer.forward_core(rows[k], meta, mamba, spec_metadata) for k, layer in enumerate(model)]
 
 
-def test_gdn_decode_and_mixed_batches_through_trtllm_call_sites_match_step_recurrence():
+def test_gdn_decode_and_mixed_batches_through_trtllm_call_sites_match_step_recurrence(monkeypatch):
+    """Replay's outputs and states at TRT-LLM's call sites against the fp64 recurrence; the inputs are
+    formed by the pool backend's gating (``replayssm.gating`` with fla's normalisation)."""
+    from replayssm.kernels import backend_reference
     gen, states, model, manager = _setup()
     assert wire_gdn(model, states, layer_class=Qwen3NextGatedDeltaNet) == 2
+    original, gated = backend_reference.gating, []
+    monkeypatch.setattr(backend_reference, "gating",
+                        lambda pool, **kw: gated.append((pool, kw["l2norm"])) or original(pool, **kw))
     oracle = {}                                       # (layer, slot) -> fp64 state [HV, K, V]
     errs = []
 
@@ -247,6 +253,7 @@ def test_gdn_decode_and_mixed_batches_through_trtllm_call_sites_match_step_recur
     for (k, s), state in oracle.items():              # every token is in the state
         assert rms_ratio(states.read_state(k, torch.tensor([s]))[0], state) < TOL["float32"]
     assert not CALLS                                  # TRT-LLM's own decode never ran on replay states
+    assert gated and all(entry == (states.pool, "fla") for entry in gated)
 
 
 def test_gdn_router_and_refusals():

@@ -51,6 +51,8 @@ import weakref
 
 import torch
 
+import replayssm
+
 from ..selective_state_update import step_inputs
 from .cache import ReplayMambaStates, import_trtllm
 
@@ -235,19 +237,19 @@ def replay_gdn_verify(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k
 
 
 def _gdn_inputs(states, A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, use_qk_l2norm_in_kernel):
-    """TRT-LLM's raw GDN inputs (any leading dims) as replay's step inputs, formed as its kernels form
-    them: ``g = -exp(A_log) softplus(a + dt_bias)`` (softplus with ``softplus_beta``, linear above
+    """TRT-LLM's raw GDN inputs (any leading dims, the same for every input) as replay's step inputs,
+    formed by ``replayssm.gating`` (one launch on the triton backend) as TRT-LLM's kernels form them:
+    ``g = -exp(A_log) softplus(a + dt_bias)`` (softplus with ``softplus_beta``, linear above
     ``softplus_threshold``), ``beta = sigmoid(b)``; with ``use_qk_l2norm_in_kernel`` q and k
-    L2-normalized (``x / (||x|| + 1e-6)``): k before the ring, q as ``q_scale`` (q stays in its dtype,
-    the factor applies to the outputs)."""
-    act = states.pool.cfg.torch_ring_dtype
-    kf, q_scale = k.float(), None
-    if use_qk_l2norm_in_kernel:
-        q_scale = 1.0 / (q.float().norm(dim=-1) + 1e-6)
-        kf = kf / (kf.norm(dim=-1, keepdim=True) + 1e-6)
-    g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias.float(), beta=softplus_beta,
-                                                             threshold=softplus_threshold)
-    return dict(q=q, q_scale=q_scale, k=kf.to(act), v=v.to(act), g=g, beta=torch.sigmoid(b.float()))
+    L2-normalized as fla's kernels do (``x / (||x|| + 1e-6)``): k before the ring, q as ``q_scale``
+    (q stays in its dtype, the factor applies to the outputs)."""
+    lead, (HK, K), HV = q.shape[:-2], q.shape[-2:], a.shape[-1]
+    made = replayssm.gating(states.pool, q=q.view(-1, HK, K), k=k.view(-1, HK, K), a=a.view(-1, HV),
+                            b=b.view(-1, HV), A_log=A_log, dt_bias=dt_bias,
+                            l2norm="fla" if use_qk_l2norm_in_kernel else None, softplus_beta=softplus_beta,
+                            softplus_threshold=softplus_threshold)
+    made = {name: t.view(*lead, *t.shape[1:]) for name, t in made.items()}
+    return dict(made, q=q, v=v.to(states.pool.cfg.torch_ring_dtype))
 
 
 def _route(original, replay, state: str):

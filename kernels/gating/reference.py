@@ -3,7 +3,8 @@ the Triton kernel (``triton.py``) reproduces bit for bit. See README.md beside t
 
     q_scale = 1 / sqrt(f32(sum q^2) + 1e-6)              per token and key head
     k       = ring(f32(k) / sqrt(f32(sum k^2) + 1e-6))   L2-normalised key, rounded to the ring dtype
-    g       = f32(-exp(A_log) * softplus(a + dt_bias))   (softplus threshold 20), or with a safe gate
+              (or fla's and TensorRT-LLM's x / (sqrt(sum x^2) + 1e-6), or no normalisation)
+    g       = f32(-exp(A_log) * softplus(a + dt_bias))   (softplus beta 1, threshold 20 unless given), or
               f32(lower_bound * sigmoid(exp(A_log) * (a + dt_bias)))
     beta    = f32(sigmoid(b)), optionally rounded through b's 16-bit dtype
 
@@ -22,9 +23,15 @@ def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(x.double()).float()
 
 
+def fp32(x: float) -> float:
+    """``x`` rounded to fp32 (how the kernel receives a float scalar), as a Python float."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
 def gating_ref(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
                dt_bias: torch.Tensor, *, ring_dtype: torch.dtype, lower_bound: float | None = None,
-               beta_dtype: torch.dtype | None = None) -> dict:
+               beta_dtype: torch.dtype | None = None, l2norm: str | None = "sglang", softplus_beta: float = 1.0,
+               softplus_threshold: float = 20.0) -> dict:
     """Step inputs from raw projections.
 
     Args:
@@ -35,23 +42,37 @@ def gating_ref(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tenso
             (softplus gate).
         beta_dtype: if given, beta is rounded to it and back (SGLang's GDN packed decode rounds
             ``sigmoid(b)`` to b's dtype).
+        l2norm: "sglang" ``x / sqrt(sum x^2 + 1e-6)``, "fla" ``x / (sqrt(sum x^2) + 1e-6)`` (fla's
+            and TensorRT-LLM's kernels), or None: k only rounded to the ring dtype, no q_scale.
+        softplus_beta, softplus_threshold: ``softplus(x) = log1p(exp(beta x)) / beta``, x where
+            ``beta x > threshold`` (both taken as fp32).
     Returns:
         ``dict(q_scale [N, HK] fp32, k [N, HK, K] ring_dtype, g [N, HV] or [N, HV, K] fp32,
-        beta [N, HV] fp32)``.
+        beta [N, HV] fp32)``, without q_scale when ``l2norm`` is None.
     """
-    q_ss = q.double().square().sum(-1).float()
-    k_ss = k.double().square().sum(-1, keepdim=True).float()
-    q_scale = 1.0 / sqrt_rn(q_ss + 1e-6)
-    k_n = (k.float() / sqrt_rn(k_ss + 1e-6)).to(ring_dtype)
+    if l2norm not in ("sglang", "fla", None):
+        raise ValueError(f"l2norm: expected 'sglang', 'fla' or None, got {l2norm!r}")
+    made = {}
+    if l2norm is None:
+        k_n = k.float().to(ring_dtype)
+    else:
+        q_ss = q.double().square().sum(-1).float()
+        k_ss = k.double().square().sum(-1, keepdim=True).float()
+        if l2norm == "sglang":
+            q_norm, k_norm = sqrt_rn(q_ss + 1e-6), sqrt_rn(k_ss + 1e-6)
+        else:
+            q_norm, k_norm = sqrt_rn(q_ss) + 1e-6, sqrt_rn(k_ss) + 1e-6
+        made["q_scale"] = 1.0 / q_norm
+        k_n = (k.float() / k_norm).to(ring_dtype)
     x = a.double() + dt_bias.double()
     rate = torch.exp(A_log.double())
     if dt_bias.dim() == 2:                      # KDA: a gate per key channel
         rate = rate[:, None]
     if lower_bound is None:
-        g = -rate * torch.nn.functional.softplus(x, threshold=20.0)
+        g = -rate * torch.nn.functional.softplus(x, beta=fp32(softplus_beta), threshold=fp32(softplus_threshold))
     else:
-        g = torch.tensor(lower_bound, dtype=torch.float32).double() * torch.sigmoid(rate * x)
+        g = fp32(lower_bound) * torch.sigmoid(rate * x)
     beta = torch.sigmoid(b.double()).float()
     if beta_dtype is not None:
         beta = beta.to(beta_dtype).float()
-    return dict(q_scale=q_scale, k=k_n, g=g.float(), beta=beta)
+    return dict(made, k=k_n, g=g.float(), beta=beta)

@@ -39,21 +39,32 @@ def _delta_gating_kernel(
     g,                              # [N, HV] or [N, HV, K] fp32 out, contiguous
     beta,                           # [N, HV] fp32 out, contiguous
     lower_bound,                    # fp32 scalar (a safe gate's bound), exact in the fp64 product
+    softplus_beta, softplus_threshold,  # fp32 scalars
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BHK: tl.constexpr, BHV: tl.constexpr, BK: tl.constexpr,
-    PER_CHANNEL: tl.constexpr, SAFE_GATE: tl.constexpr, BETA_ROUND: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, SAFE_GATE: tl.constexpr, BETA_ROUND: tl.constexpr, NORM: tl.constexpr,
 ):
+    # NORM: 0 k only rounded to the ring dtype (no q_scale), 1 x / sqrt(sum x^2 + 1e-6) (SGLang's),
+    # 2 x / (sqrt(sum x^2) + 1e-6) (fla's, TensorRT-LLM's)
     i = tl.program_id(0).to(tl.int64)
     hk = tl.arange(0, BHK)
     kk = tl.arange(0, BK)
     m_qk = (hk[:, None] < HK) & (kk[None, :] < K)
-    # q_scale [HK], k [HK, K]: fp64 sums of squares (exact for 16-bit inputs), one rounding to fp32
-    qv = tl.load(q + i * q_r + hk[:, None] * q_h + kk[None, :], mask=m_qk, other=0.0).to(tl.float64)
-    q_ss = tl.sum(qv * qv, axis=1).to(tl.float32)
-    one = tl.full([BHK], 1.0, tl.float32)
-    tl.store(q_scale + i * HK + hk, tl.div_rn(one, tl.sqrt_rn(q_ss + 1e-6)), mask=hk < HK)
     kv = tl.load(k + i * k_r + hk[:, None] * k_h + kk[None, :], mask=m_qk, other=0.0)
-    k_ss = tl.sum(kv.to(tl.float64) * kv.to(tl.float64), axis=1).to(tl.float32)
-    k_n = tl.div_rn(kv.to(tl.float32), tl.sqrt_rn(k_ss + 1e-6)[:, None])
+    if NORM == 0:
+        k_n = kv.to(tl.float32)
+    else:
+        # q_scale [HK], k [HK, K]: fp64 sums of squares (exact for 16-bit inputs), one rounding to fp32
+        qv = tl.load(q + i * q_r + hk[:, None] * q_h + kk[None, :], mask=m_qk, other=0.0).to(tl.float64)
+        q_ss = tl.sum(qv * qv, axis=1).to(tl.float32)
+        k_ss = tl.sum(kv.to(tl.float64) * kv.to(tl.float64), axis=1).to(tl.float32)
+        if NORM == 1:
+            q_norm = tl.sqrt_rn(q_ss + 1e-6)
+            k_norm = tl.sqrt_rn(k_ss + 1e-6)
+        else:
+            q_norm = tl.sqrt_rn(q_ss) + 1e-6
+            k_norm = tl.sqrt_rn(k_ss) + 1e-6
+        tl.store(q_scale + i * HK + hk, tl.div_rn(tl.full([BHK], 1.0, tl.float32), q_norm), mask=hk < HK)
+        k_n = tl.div_rn(kv.to(tl.float32), k_norm[:, None])
     tl.store(k_out + i * HK * K + hk[:, None] * K + kk[None, :], _round_to(k_n, k_out.dtype.element_ty), mask=m_qk)
     # g: the gate in fp64, one rounding to fp32
     hv = tl.arange(0, BHV)
@@ -72,7 +83,9 @@ def _delta_gating_kernel(
     if SAFE_GATE:
         gate = (1.0 / (1.0 + tl.exp(-(rate * x)))) * lower_bound
     else:
-        gate = -rate * tl.where(x > 20.0, x, _log1p_f64(tl.exp(tl.minimum(x, 20.0))))
+        bx = x * softplus_beta
+        gate = -rate * tl.where(bx > softplus_threshold, x,
+                                _log1p_f64(tl.exp(tl.minimum(bx, softplus_threshold))) / softplus_beta)
     tl.store(g_at, gate.to(tl.float32), mask=m_g)
     # beta = sigmoid(b) in fp64, rounded to fp32 (and through b's dtype with BETA_ROUND)
     bb = tl.load(b + i * b_r + hv, mask=hv < HV, other=0.0).to(tl.float64)
