@@ -337,7 +337,8 @@ def commit(count: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor, num_
 def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
                  dt_bias: torch.Tensor, q_scale: Optional[torch.Tensor], k_out: torch.Tensor, g: torch.Tensor,
                  beta: torch.Tensor, lower_bound: Optional[float] = None, beta_round: bool = False,
-                 l2norm: int = 1, softplus_beta: float = 1.0, softplus_threshold: float = 20.0) -> None:
+                 l2norm: int = 1, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
+                 heads_per_program: int = 0) -> None:
     """A GDN / KDA step's inputs from a host's raw projections, in one launch (the formulas of
     ``kernels/gating/reference.py``, bit for bit); outputs written in place.
 
@@ -356,8 +357,10 @@ def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Ten
     ``lower_bound``: a safe gate's bound (KDA), None for the softplus gate (``softplus_beta``,
     ``softplus_threshold``); ``beta_round``: round beta through b's dtype (SGLang's GDN packed
     decode); ``l2norm``: 1 ``x / sqrt(sum x^2 + 1e-6)`` (SGLang's), 2 ``x / (sqrt(sum x^2) + 1e-6)``
-    (fla's, TensorRT-LLM's), 0 none (k only rounded to ``k_out``'s dtype, no q_scale). Inputs need a
-    contiguous last dimension, outputs and A_log / dt_bias are contiguous.
+    (fla's, TensorRT-LLM's), 0 none (k only rounded to ``k_out``'s dtype, no q_scale);
+    ``heads_per_program``: a power of two, value heads (and the key heads of the same indices) per
+    program, 0 for all of a token's heads in one program. Inputs need a contiguous last dimension,
+    outputs and A_log / dt_bias are contiguous.
     """
     N, HK, K = q.shape
     per_channel = a.dim() == 3
@@ -375,15 +378,19 @@ def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Ten
     _require("k_out", k_out, (N, HK, K), contiguous=True)
     _require("g", g, tuple(a.shape), torch.float32, contiguous=True)
     _require("beta", beta, (N, HV), torch.float32, contiguous=True)
+    if heads_per_program < 0 or heads_per_program & (heads_per_program - 1):
+        raise ValueError(f"heads_per_program: expected 0 (all) or a power of two, got {heads_per_program}")
     if N == 0:
         return
-    _delta_gating_kernel[(N,)](
+    HB = heads_per_program or triton.next_power_of_2(HV)
+    _delta_gating_kernel[(N, triton.cdiv(HV, HB))](
         q=q, q_r=q.stride(0), q_h=q.stride(1), k=k, k_r=k.stride(0), k_h=k.stride(1), a=a, a_r=a.stride(0),
         a_h=a.stride(1) if per_channel else 0, b=b, b_r=b.stride(0), A_log=A_log, dt_bias=dt_bias,
         q_scale=k_out if q_scale is None else q_scale, k_out=k_out, g=g, beta=beta,
         lower_bound=_fp32(lower_bound or 0.0), softplus_beta=_fp32(softplus_beta),
-        softplus_threshold=_fp32(softplus_threshold), HK=HK, HV=HV, K=K, BHK=triton.next_power_of_2(HK),
-        BHV=triton.next_power_of_2(HV), BK=triton.next_power_of_2(K), PER_CHANNEL=per_channel,
+        softplus_threshold=_fp32(softplus_threshold), HK=HK, HV=HV, K=K, HB=HB,
+        BHK=min(HB, triton.next_power_of_2(HK)), BHV=min(HB, triton.next_power_of_2(HV)),
+        BK=triton.next_power_of_2(K), PER_CHANNEL=per_channel,
         SAFE_GATE=lower_bound is not None, BETA_ROUND=beta_round, NORM=l2norm, num_warps=4 if per_channel else 2)
 
 

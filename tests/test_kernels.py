@@ -701,6 +701,33 @@ def test_gating_kernel_matches_the_reference_bit_for_bit(case, gate, dtype):
         assert torch.equal(t.cpu().view(bits), want[name].view(bits)), name
 
 
+@pytest.mark.parametrize("case", sorted(GATING_CASES))
+def test_gating_heads_per_program_give_the_same_bits(case):
+    """Every split of a token's heads over programs (``heads_per_program``: 1, 2, 4 and all, blocks
+    past the key heads included) writes the reference's bits in every output element."""
+    N, HK, HV, K = GATING_CASES[case]
+    kda = "kda" in case or "kimi" in case
+    gen = torch.Generator().manual_seed(zlib.crc32(case.encode()))
+    q, k = torch.randn(N, HK, K, generator=gen).to(torch.bfloat16), torch.randn(N, HK, K, generator=gen).to(torch.bfloat16)
+    gate_shape = (N, HV, K) if kda else (N, HV)
+    a, b = torch.randn(*gate_shape, generator=gen) * 6, torch.randn(N, HV, generator=gen) * 4
+    A_log, dt_bias = torch.randn(HV, generator=gen), torch.randn(gate_shape[1:], generator=gen)
+    want = gating_ref(q, k, a, b, A_log, dt_bias, ring_dtype=torch.bfloat16)
+    for heads in (1, 2, 4, 0):
+        got = dict(q_scale=torch.full((N, HK), float("nan"), device=DEVICE),
+                   k=torch.full((N, HK, K), float("nan"), dtype=torch.bfloat16, device=DEVICE),
+                   g=torch.full(gate_shape, float("nan"), device=DEVICE), beta=torch.full((N, HV), float("nan"),
+                                                                                        device=DEVICE))
+        ops.delta_gating(*(t.to(DEVICE) for t in (q, k, a, b, A_log, dt_bias)), got["q_scale"], got["k"], got["g"],
+                         got["beta"], heads_per_program=heads)
+        for name, t in got.items():
+            bits = torch.int16 if t.element_size() == 2 else torch.int32
+            assert torch.equal(t.cpu().view(bits), want[name].view(bits)), (heads, name)
+    with pytest.raises(ValueError, match="heads_per_program: expected 0"):
+        ops.delta_gating(*(t.to(DEVICE) for t in (q, k, a, b, A_log, dt_bias)), got["q_scale"], got["k"], got["g"],
+                         got["beta"], heads_per_program=3)
+
+
 def test_gating_refuses_bad_input_naming_the_argument():
     """``replayssm.gating`` checks shapes, strides and the family, and names what was wrong."""
     gdn = rs.StatePool(SPECS["gdn"], rs.ReplayConfig(window=4), num_layers=1, num_slots=2, device=DEVICE,

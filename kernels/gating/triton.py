@@ -1,5 +1,6 @@
-"""The GDN / KDA step inputs from a host's raw projections in one launch: one program per token
-(``[N]`` grid), all heads. Bit for bit the formulas of ``reference.py`` (README.md beside this file)."""
+"""The GDN / KDA step inputs from a host's raw projections in one launch: a program per token and
+block of ``HB`` heads (``[N, cdiv(HV, HB)]`` grid; value heads ``j HB ..`` and the key heads of the same
+indices). Bit for bit the formulas of ``reference.py`` (README.md beside this file)."""
 
 from __future__ import annotations
 
@@ -40,13 +41,15 @@ def _delta_gating_kernel(
     beta,                           # [N, HV] fp32 out, contiguous
     lower_bound,                    # fp32 scalar (a safe gate's bound), exact in the fp64 product
     softplus_beta, softplus_threshold,  # fp32 scalars
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BHK: tl.constexpr, BHV: tl.constexpr, BK: tl.constexpr,
-    PER_CHANNEL: tl.constexpr, SAFE_GATE: tl.constexpr, BETA_ROUND: tl.constexpr, NORM: tl.constexpr,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, HB: tl.constexpr, BHK: tl.constexpr, BHV: tl.constexpr,
+    BK: tl.constexpr, PER_CHANNEL: tl.constexpr, SAFE_GATE: tl.constexpr, BETA_ROUND: tl.constexpr,
+    NORM: tl.constexpr,
 ):
     # NORM: 0 k only rounded to the ring dtype (no q_scale), 1 x / sqrt(sum x^2 + 1e-6) (SGLang's),
-    # 2 x / (sqrt(sum x^2) + 1e-6) (fla's, TensorRT-LLM's)
+    # 2 x / (sqrt(sum x^2) + 1e-6) (fla's, TensorRT-LLM's). BHK, BHV = min(HB, next power of two of HK, HV)
     i = tl.program_id(0).to(tl.int64)
-    hk = tl.arange(0, BHK)
+    h0 = tl.program_id(1) * HB
+    hk = h0 + tl.arange(0, BHK)
     kk = tl.arange(0, BK)
     m_qk = (hk[:, None] < HK) & (kk[None, :] < K)
     kv = tl.load(k + i * k_r + hk[:, None] * k_h + kk[None, :], mask=m_qk, other=0.0)
@@ -67,7 +70,7 @@ def _delta_gating_kernel(
         k_n = tl.div_rn(kv.to(tl.float32), k_norm[:, None])
     tl.store(k_out + i * HK * K + hk[:, None] * K + kk[None, :], _round_to(k_n, k_out.dtype.element_ty), mask=m_qk)
     # g: the gate in fp64, one rounding to fp32
-    hv = tl.arange(0, BHV)
+    hv = h0 + tl.arange(0, BHV)
     rate = tl.exp(tl.load(A_log + hv, mask=hv < HV, other=0.0).to(tl.float64))
     if PER_CHANNEL:
         m_g = (hv[:, None] < HV) & (kk[None, :] < K)
