@@ -693,3 +693,33 @@ def test_profile_plot_draws_every_profiled_row_and_refuses_files_without_one(tmp
     bare.write_text(json.dumps(dict(model="m", rows=rows[2:])))
     with pytest.raises(SystemExit):
         profile_trace.main([str(bare), "--plot", str(tmp_path / "q.png")])
+
+
+def test_a_failed_profile_ends_the_loads_client(tmp_path, monkeypatch):
+    import bench_serving
+
+    args = bench_serving.argparse.Namespace(profile_steps=2, concurrency=[4], port=1)
+    log = tmp_path / "log"
+    log.write_text("Decode batch, #running-req: 4, gen throughput (token/s): 1.0\n")
+
+    class Client:
+        returncode = None
+        killed = False
+
+        def poll(self):
+            return self.returncode
+
+        def kill(self):
+            self.killed, self.returncode = True, -9
+
+        def wait(self):
+            return self.returncode
+
+    def refused(port, request):
+        raise RuntimeError("/start_profile answered 500")
+
+    monkeypatch.setattr(bench_serving, "start_profile", refused)
+    client = Client()
+    with pytest.raises(RuntimeError, match="answered 500"):
+        bench_serving.profile_load(client, args, 4, 1, str(log), 0, tmp_path / "prof", 60)
+    assert client.killed

@@ -349,3 +349,15 @@ def test_gdn_verify_through_trtllm_call_sites_matches_step_recurrence():
     for (k, s), state in oracle.items():              # every accepted token is in the state
         assert rms_ratio(states.read_state(k, torch.tensor([s]))[0], state) < TOL["float32"]
     assert not CALLS                                  # TRT-LLM's own kernels never ran on replay states
+
+
+def test_gdn_inputs_refuse_leading_dims_that_would_need_a_copy():
+    from replayssm.integrations.trtllm import mixer
+    _, states, _, _ = _setup()
+    q = torch.randn(3, 2, HK, K).transpose(0, 1)             # [N, T, HK, K] whose rows are not one axis
+    k, v = torch.randn(2, 3, HK, K), torch.randn(2, 3, HV, V)
+    a, b = torch.randn(2, 3, HV), torch.randn(2, 3, HV)
+    with pytest.raises(ValueError, match="q: expected its leading dims viewable as one row axis"):
+        mixer._gdn_inputs(states, torch.zeros(HV), a, torch.zeros(HV), 1.0, 20.0, q, k, v, b, True)
+    made = mixer._gdn_inputs(states, torch.zeros(HV), a, torch.zeros(HV), 1.0, 20.0, q.contiguous(), k, v, b, True)
+    assert made["k"].shape == (2, 3, HK, K) and made["q_scale"].shape == (2, 3, HK) and made["g"].shape == (2, 3, HV)

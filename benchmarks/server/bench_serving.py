@@ -184,12 +184,21 @@ def profile_load(client: subprocess.Popen, args, concurrency: int, load: int, lo
     concurrency, profile N decode steps with all requests running: once the server logs such a decode
     batch (``--server-log-level info``), ``POST /start_profile`` (GPU kernels only, stopped by the
     server after N steps) and return the trace's ``profile_trace.summarize`` (None otherwise)."""
+    try:
+        return _profile_load(client, args, concurrency, load, log_name, log_start, folder, timeout)
+    except BaseException:
+        if client.poll() is None:               # the server is about to stop: end its client with it
+            client.kill()
+            client.wait()
+        raise
+
+
+def _profile_load(client, args, concurrency, load, log_name, log_start, folder, timeout):
     profiling = args.profile_steps > 0 and concurrency == max(args.concurrency) and load == 1
     t0 = time.time()
     started = False
     while client.poll() is None:
         if time.time() - t0 > timeout:
-            client.kill()
             raise RuntimeError(f"the client ran past {timeout:.0f} s at concurrency {concurrency}")
         if profiling and not started:
             with open(log_name, "rb") as f:

@@ -244,8 +244,16 @@ def _gdn_inputs(states, A_log, a, dt_bias, softplus_beta, softplus_threshold, q,
     L2-normalized as fla's kernels do (``x / (||x|| + 1e-6)``): k before the ring, q as ``q_scale``
     (q stays in its dtype, the factor applies to the outputs)."""
     lead, (HK, K), HV = q.shape[:-2], q.shape[-2:], a.shape[-1]
-    made = replayssm.gating(states.pool, q=q.view(-1, HK, K), k=k.view(-1, HK, K), a=a.view(-1, HV),
-                            b=b.view(-1, HV), A_log=A_log, dt_bias=dt_bias,
+
+    def rows(name: str, t: torch.Tensor, *tail: int) -> torch.Tensor:
+        try:
+            return t.view(-1, *tail)
+        except RuntimeError:
+            raise ValueError(f"{name}: expected its leading dims viewable as one row axis (never copied), got "
+                             f"shape {list(t.shape)}, strides {t.stride()}") from None
+
+    made = replayssm.gating(states.pool, q=rows("q", q, HK, K), k=rows("k", k, HK, K), a=rows("a", a, HV),
+                            b=rows("b", b, HV), A_log=A_log, dt_bias=dt_bias,
                             l2norm="fla" if use_qk_l2norm_in_kernel else None, softplus_beta=softplus_beta,
                             softplus_threshold=softplus_threshold)
     made = {name: t.view(*lead, *t.shape[1:]) for name, t in made.items()}
