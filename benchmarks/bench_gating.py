@@ -4,7 +4,7 @@ formulas (SGLang's: L2 norms of q and k, ``-exp(A_log) softplus(a + dt_bias)``, 
 layer's call per row, every call replayed from a CUDA graph (``bench_decode.timed``).
 
     python benchmarks/bench_gating.py [--models qwen3.5,qwen3.5-122b,kimi-linear] [--batches 64,256,512]
-                                      [--heads 0,8,4,2,1] [--json OUT.json]
+                                      [--heads tile,0,8,4,2,1] [--json OUT.json]
 
 Inputs as SGLang's packed decode hands them over: q, k views of one bf16 ``mixed_qkv`` row, bf16 ``a``
 and ``b``, fp32 ``A_log`` and ``dt_bias``. A row per (model, batch, variant): microseconds per call and
@@ -56,8 +56,9 @@ def pytorch_gating(q, k, a, b, A_log, dt_bias) -> dict:
                 beta=torch.sigmoid(b.float()))
 
 
-def fused_gating(inp: dict, heads: int) -> dict:
-    """``torch.ops.replayssm.delta_gating`` into fresh buffers, ``heads_per_program`` = ``heads``."""
+def fused_gating(inp: dict, heads: int | None) -> dict:
+    """``torch.ops.replayssm.delta_gating`` into fresh buffers, ``heads_per_program`` = ``heads`` (None:
+    the ``gating`` tile's)."""
     N, HK, K = inp["q"].shape
     out = dict(q_scale=torch.empty(N, HK, device=inp["q"].device),
                k=torch.empty(N, HK, K, dtype=torch.bfloat16, device=inp["q"].device),
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(DELTA_MODELS))
     ap.add_argument("--batches", default="64,256,512")
-    ap.add_argument("--heads", default="0,8,4,2,1", help="heads_per_program values to time (0: all heads)")
+    ap.add_argument("--heads", default="tile,0,8,4,2,1",
+                    help="heads_per_program values to time (tile: the gating tile's; 0: all heads)")
     ap.add_argument("--json", help="write the rows and the run's versions here")
     args = ap.parse_args(argv)
     models = args.models.split(",")
@@ -96,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
             inp = raw_inputs(spec, batch, "cuda")
             base = pytorch_gating(**inp)
             variants = [("pytorch", lambda: pytorch_gating(**inp), base)]
-            for heads in map(int, args.heads.split(",")):
-                variants.append((f"gating heads={heads or 'all'}", lambda h=heads: fused_gating(inp, h),
+            for heads in (None if h == "tile" else int(h) for h in args.heads.split(",")):
+                label = "tile" if heads is None else heads or "all"
+                variants.append((f"gating heads={label}", lambda h=heads: fused_gating(inp, h),
                                  fused_gating(inp, heads)))
             for name, fn, result in variants:
                 us = timed(fn)

@@ -35,7 +35,7 @@ from replayssm.kernels.formats.triton import _refresh_read_copy_kernel, _store_c
 from replayssm.kernels.mamba2.triton import _mamba2_decode_kernel, _mamba2_flush_kernel, _mamba2_verify_kernel
 from replayssm.kernels.plan import Launch, launch, passes
 from replayssm.kernels.ring import triton as ring_triton
-from replayssm.kernels.tiles import TILES  # noqa: F401  (ops.TILES: the table sweeps and tests patch)
+from replayssm.kernels.tiles import TILES  # ops.TILES: the table sweeps and tests patch
 
 
 @functools.lru_cache(maxsize=None)
@@ -338,7 +338,7 @@ def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Ten
                  dt_bias: torch.Tensor, q_scale: Optional[torch.Tensor], k_out: torch.Tensor, g: torch.Tensor,
                  beta: torch.Tensor, lower_bound: Optional[float] = None, beta_round: bool = False,
                  l2norm: int = 1, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                 heads_per_program: int = 0) -> None:
+                 heads_per_program: Optional[int] = None) -> None:
     """A GDN / KDA step's inputs from a host's raw projections, in one launch (the formulas of
     ``kernels/gating/reference.py``, bit for bit); outputs written in place.
 
@@ -359,8 +359,9 @@ def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Ten
     decode); ``l2norm``: 1 ``x / sqrt(sum x^2 + 1e-6)`` (SGLang's), 2 ``x / (sqrt(sum x^2) + 1e-6)``
     (fla's, TensorRT-LLM's), 0 none (k only rounded to ``k_out``'s dtype, no q_scale);
     ``heads_per_program``: a power of two, value heads (and the key heads of the same indices) per
-    program, 0 for all of a token's heads in one program. Inputs need a contiguous last dimension,
-    outputs and A_log / dt_bias are contiguous.
+    program, 0 for all of a token's heads in one program, None for the ``gating`` tile's
+    (``kernels/tiles.py``). Inputs need a contiguous last dimension, outputs and A_log / dt_bias are
+    contiguous.
     """
     N, HK, K = q.shape
     per_channel = a.dim() == 3
@@ -378,11 +379,13 @@ def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Ten
     _require("k_out", k_out, (N, HK, K), contiguous=True)
     _require("g", g, tuple(a.shape), torch.float32, contiguous=True)
     _require("beta", beta, (N, HV), torch.float32, contiguous=True)
-    if heads_per_program < 0 or heads_per_program & (heads_per_program - 1):
-        raise ValueError(f"heads_per_program: expected 0 (all) or a power of two, got {heads_per_program}")
+    tile = TILES["kda" if per_channel else "delta"]["gating"]
+    heads = tile["heads"] if heads_per_program is None else heads_per_program
+    if heads < 0 or heads & (heads - 1):
+        raise ValueError(f"heads_per_program: expected 0 (all) or a power of two, got {heads}")
     if N == 0:
         return
-    HB = heads_per_program or triton.next_power_of_2(HV)
+    HB = heads or triton.next_power_of_2(HV)
     _delta_gating_kernel[(N, triton.cdiv(HV, HB))](
         q=q, q_r=q.stride(0), q_h=q.stride(1), k=k, k_r=k.stride(0), k_h=k.stride(1), a=a, a_r=a.stride(0),
         a_h=a.stride(1) if per_channel else 0, b=b, b_r=b.stride(0), A_log=A_log, dt_bias=dt_bias,
@@ -391,7 +394,7 @@ def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Ten
         softplus_threshold=_fp32(softplus_threshold), HK=HK, HV=HV, K=K, HB=HB,
         BHK=min(HB, triton.next_power_of_2(HK)), BHV=min(HB, triton.next_power_of_2(HV)),
         BK=triton.next_power_of_2(K), PER_CHANNEL=per_channel,
-        SAFE_GATE=lower_bound is not None, BETA_ROUND=beta_round, NORM=l2norm, num_warps=4 if per_channel else 2)
+        SAFE_GATE=lower_bound is not None, BETA_ROUND=beta_round, NORM=l2norm, num_warps=tile["num_warps"])
 
 
 def _fp32(x: float) -> float:

@@ -12,7 +12,8 @@ delta: the flush-only launch, ``flush_vk`` on a ``[S, HV, V, K]`` checkpoint), `
 (delta behind a read copy: replays the window instead of folding the cached d), ``verify`` (T > 1
 tokens, the state streamed once; ``verify_read`` behind a read copy, fp8 included), ``verify_flush``
 (its flush pass, and the flush-only launch's), ``flush_replay_vk`` / ``verify_flush_vk`` (the
-replay behind a read copy on a ``[S, HV, V, K]`` checkpoint).
+replay behind a read copy on a ``[S, HV, V, K]`` checkpoint), ``gating`` (``delta_gating``: a step's
+inputs from a host's raw projections).
 
 Keys: ``rows`` (P or V rows per program), ``num_warps``; ``chunk`` (state columns streamed at a
 time; a verify raises it to 16 words for ``tl.dot``), ``stages`` (pipeline depth; the delta flush:
@@ -26,7 +27,8 @@ maxima, so that its divisions are not repeated in every lane along K; default Fa
 channels, value rows across the lanes, kept in that shape through the replay, so that each entry's
 reduction over K stays mostly within a thread on a ``[S, HV, V, K]`` checkpoint; default 0, one
 ``[K, BV]`` tile); ``fold=False`` (sweeps and tests only: a step on the checkpoint takes the flush
-pass instead).
+pass instead); ``heads`` (``gating``: value heads per program, a power of two, 0 for all of a
+token's heads).
 """
 
 TILES = {
@@ -53,7 +55,9 @@ TILES = {
               "verify_read": dict(rows=128, num_warps=2, chunk=32, stages=2, dot="tf32x3"),
               "verify_flush": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16),
               "verify_flush_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=16, key_runs=16,
-                                     rows_from_blocks=True)},
+                                     rows_from_blocks=True),
+              # profiled in SGLang's server: 31 µs per Qwen3.5 decode step of 6 layers at batch 256
+              "gating": dict(heads=0, num_warps=2)},
     "kda": {"decode": dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False, fold_chunk=16, fold_stages=3,
                            dot="tf32x3"),
             "decode_vk": dict(rows=128, num_warps=2, chunk=16, stages=4, acc=True, fold_chunk=16, dot="tf32x3"),
@@ -65,5 +69,9 @@ TILES = {
             "flush_replay_vk": dict(rows=16, num_warps=1, stages=2, dot="tf32x3", row_programs=4, key_runs=64,
                                    rows_from_blocks=True),
             "verify_flush_vk": dict(rows=32, num_warps=2, stages=2, dot="tf32x3", row_programs=16, key_runs=32,
-                                   rows_from_blocks=True)},
+                                   rows_from_blocks=True),
+            # not timed: by ptxas (Triton 3.6, sm_90a) all 32 heads per program at 4 warps take 255 registers
+            # and spill 1028 bytes (186 µs per Kimi-Linear step of 6 layers at batch 256, profiled in the
+            # server), 8 heads 138 registers, 4 heads 80, none spilling; benchmarks/bench_gating.py times them
+            "gating": dict(heads=4, num_warps=4)},
 }

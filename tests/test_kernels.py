@@ -703,8 +703,8 @@ def test_gating_kernel_matches_the_reference_bit_for_bit(case, gate, dtype):
 
 @pytest.mark.parametrize("case", sorted(GATING_CASES))
 def test_gating_heads_per_program_give_the_same_bits(case):
-    """Every split of a token's heads over programs (``heads_per_program``: 1, 2, 4 and all, blocks
-    past the key heads included) writes the reference's bits in every output element."""
+    """Every split of a token's heads over programs (``heads_per_program``: 1, 2, 4, all and the
+    tile's, blocks past the key heads included) writes the reference's bits in every output element."""
     N, HK, HV, K = GATING_CASES[case]
     kda = "kda" in case or "kimi" in case
     gen = torch.Generator().manual_seed(zlib.crc32(case.encode()))
@@ -713,7 +713,7 @@ def test_gating_heads_per_program_give_the_same_bits(case):
     a, b = torch.randn(*gate_shape, generator=gen) * 6, torch.randn(N, HV, generator=gen) * 4
     A_log, dt_bias = torch.randn(HV, generator=gen), torch.randn(gate_shape[1:], generator=gen)
     want = gating_ref(q, k, a, b, A_log, dt_bias, ring_dtype=torch.bfloat16)
-    for heads in (1, 2, 4, 0):
+    for heads in (1, 2, 4, 0, None):                  # None: the gating tile's
         got = dict(q_scale=torch.full((N, HK), float("nan"), device=DEVICE),
                    k=torch.full((N, HK, K), float("nan"), dtype=torch.bfloat16, device=DEVICE),
                    g=torch.full(gate_shape, float("nan"), device=DEVICE), beta=torch.full((N, HV), float("nan"),
