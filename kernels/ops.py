@@ -30,8 +30,9 @@ import triton
 from replayssm.formats import mix32
 from replayssm.kernels.delta.triton import _delta_decode_kernel, _delta_flush_kernel, _delta_verify_kernel
 from replayssm.kernels.formats.codes import ReadCode
-from replayssm.kernels.gating.triton import _delta_gating_kernel
 from replayssm.kernels.formats.triton import _refresh_read_copy_kernel, _store_checkpoint_kernel
+from replayssm.kernels.gating.reference import fp32
+from replayssm.kernels.gating.triton import _delta_gating_kernel
 from replayssm.kernels.mamba2.triton import _mamba2_decode_kernel, _mamba2_flush_kernel, _mamba2_verify_kernel
 from replayssm.kernels.plan import Launch, launch, passes
 from replayssm.kernels.ring import triton as ring_triton
@@ -390,16 +391,11 @@ def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Ten
         q=q, q_r=q.stride(0), q_h=q.stride(1), k=k, k_r=k.stride(0), k_h=k.stride(1), a=a, a_r=a.stride(0),
         a_h=a.stride(1) if per_channel else 0, b=b, b_r=b.stride(0), A_log=A_log, dt_bias=dt_bias,
         q_scale=k_out if q_scale is None else q_scale, k_out=k_out, g=g, beta=beta,
-        lower_bound=_fp32(lower_bound or 0.0), softplus_beta=_fp32(softplus_beta),
-        softplus_threshold=_fp32(softplus_threshold), HK=HK, HV=HV, K=K, HB=HB,
+        lower_bound=fp32(lower_bound or 0.0), softplus_beta=fp32(softplus_beta),
+        softplus_threshold=fp32(softplus_threshold), HK=HK, HV=HV, K=K, HB=HB,
         BHK=min(HB, triton.next_power_of_2(HK)), BHV=min(HB, triton.next_power_of_2(HV)),
         BK=triton.next_power_of_2(K), PER_CHANNEL=per_channel,
         SAFE_GATE=lower_bound is not None, BETA_ROUND=beta_round, NORM=l2norm, num_warps=tile["num_warps"])
-
-
-def _fp32(x: float) -> float:
-    """A float scalar rounded to fp32 (what the kernel's fp32 scalar argument holds on every target)."""
-    return float(torch.tensor(x, dtype=torch.float32))
 
 
 def _no_output(*args, **kwargs) -> None:
