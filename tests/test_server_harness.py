@@ -647,6 +647,7 @@ def test_profiled_load_starts_the_profile_once_every_request_runs(tmp_path, monk
         folder.mkdir(parents=True)
         (folder / "decode-TP-0.trace.json").write_text(json.dumps(dict(traceEvents=[
             dict(cat="kernel", name="_delta_decode_kernel", ts=0.0, dur=4.0)])))
+        log.write_text(log.read_text() + "Profiling done. Traces are saved to: prof\n")
 
     monkeypatch.setattr(bench_serving, "start_profile", start_profile)
     monkeypatch.setattr(bench_serving.time, "sleep", lambda s: None)

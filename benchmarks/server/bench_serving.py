@@ -213,13 +213,15 @@ def _profile_load(client, args, concurrency, load, log_name, log_start, folder, 
         return None
     if not started:
         raise RuntimeError(f"--profile-steps: the server logged no decode batch of {concurrency} running requests")
-    for _ in range(300):                        # the server writes the trace after the N-th step
+    for _ in range(300):                        # the server logs "Profiling done" once the trace is written
+        with open(log_name, "rb") as f:
+            f.seek(log_start)
+            done = b"Profiling done" in f.read()
         traces = sorted(folder.glob("*.trace.json*"))
-        if traces:
-            time.sleep(1.0)
+        if done and traces:
             return profile_trace.summarize(profile_trace.load(traces[0]), args.profile_steps)
         time.sleep(0.2)
-    raise RuntimeError(f"--profile-steps: no trace in {folder} 60 s after the load")
+    raise RuntimeError(f"--profile-steps: no finished trace in {folder} 60 s after the load")
 
 
 def row_from(out_file: pathlib.Path) -> dict:
