@@ -317,11 +317,11 @@ def test_serving_runs_each_variant_its_family_serves_and_writes_rows(tmp_path, m
 
     calls = []
 
-    def fake(model, model_dir, variant, strategy, args, log, deadline, emit):
-        calls.append((model, variant, strategy))
+    def fake(model, model_dir, variant, strategy, args, log, deadline, emit, overlap=False):
+        calls.append((model, variant, strategy, overlap))
         assert (model_dir / "tokenizer.json").exists() and (model_dir / "config.json").exists()
-        return [dict(model=model, variant=variant, radix=strategy, workload=args.workload, concurrency=c,
-                     output_throughput=100.0 * c) for c in args.concurrency]
+        return [dict(model=model, variant=variant, radix=strategy, overlap=overlap, workload=args.workload,
+                     concurrency=c, output_throughput=100.0 * c) for c in args.concurrency]
 
     monkeypatch.setattr(bench_serving, "serve_and_measure", fake)
     monkeypatch.setattr(bench_serving.models, "CONFIGS", dict(bench_serving.models.CONFIGS))
@@ -331,14 +331,47 @@ def test_serving_runs_each_variant_its_family_serves_and_writes_rows(tmp_path, m
                              "replay-nvfp4", "--concurrency", "1", "4", "--out", str(tmp_path / "out"),
                              "--models-dir", str(tmp_path / "models")])
     assert rc == 0
-    assert calls == [("nemotron-h-8b", "sglang", "no_buffer"), ("nemotron-h-8b", "replay-nvfp4", "no_buffer"),
-                     ("kimi-linear", "sglang", "no_buffer"), ("kimi-linear", "sglang-replay", "no_buffer"),
-                     ("kimi-linear", "replay-nvfp4", "no_buffer")]
+    assert calls == [("nemotron-h-8b", "sglang", "no_buffer", False), ("nemotron-h-8b", "replay-nvfp4", "no_buffer", False),
+                     ("kimi-linear", "sglang", "no_buffer", False), ("kimi-linear", "sglang-replay", "no_buffer", False),
+                     ("kimi-linear", "replay-nvfp4", "no_buffer", False)]
     data = json.loads((tmp_path / "out" / "serving-kimi-linear.json").read_text())
     assert [(r["variant"], r["concurrency"]) for r in data["rows"]] == [
         ("sglang", 1), ("sglang", 4), ("sglang-replay", 1), ("sglang-replay", 4), ("replay-nvfp4", 1),
         ("replay-nvfp4", 4)]
     assert "sglang" in data["meta"] and (tmp_path / "out" / "serving.png").stat().st_size > 1000
+
+
+def test_serving_overlap_runs_where_sglang_allows_it(tmp_path, monkeypatch):
+    """With --overlap every extra_buffer server keeps SGLang's overlap scheduler; SGLang's own replay
+    runs once, at no_buffer without it (what SGLang serves it with), and no_buffer never overlaps."""
+    import bench_serving
+
+    calls = []
+
+    def fake(model, model_dir, variant, strategy, args, log, deadline, emit, overlap=False):
+        calls.append((variant, strategy, overlap))
+        return [dict(model=model, variant=variant, radix=strategy, overlap=overlap, workload=args.workload,
+                     concurrency=c, load=1, output_throughput=100.0 * c * (2 if overlap else 1), median_itl_ms=1.0,
+                     p99_itl_ms=2.0, median_ttft_ms=3.0) for c in args.concurrency]
+
+    monkeypatch.setattr(bench_serving, "serve_and_measure", fake)
+    monkeypatch.setattr(bench_serving.models, "CONFIGS", dict(bench_serving.models.CONFIGS))
+    bench_serving.models.CONFIGS["kimi-linear"] = dict(bench_serving.models.CONFIGS["kimi-linear"], vocab_size=300)
+    rc = bench_serving.main(["--models", "kimi-linear", "--variants", "sglang", "sglang-replay", "replay-nvfp4",
+                             "--radix-strategies", "no_buffer", "extra_buffer", "--overlap", "--concurrency", "8",
+                             "--out", str(tmp_path / "out"), "--models-dir", str(tmp_path / "models")])
+    assert rc == 0
+    assert calls == [("sglang", "no_buffer", False), ("sglang", "extra_buffer", True),
+                     ("sglang-replay", "no_buffer", False),
+                     ("replay-nvfp4", "no_buffer", False), ("replay-nvfp4", "extra_buffer", True)]
+    text = bench_serving.table([tmp_path / "out" / "serving-kimi-linear.json"])
+    assert "| kimi-linear | replay-nvfp4 | extra_buffer, overlap | 8 | 1 | 1600 |" in text
+    flags = bench_serving.server_flags(tmp_path, "gdn", 30000, "extra_buffer", bench_serving.main.__globals__[
+        "argparse"].Namespace(concurrency=[8], input_len=16, output_len=16, workload="decode", mem_fraction=0.5,
+                              no_prefill_graph=False, sglang_arg=[], speculative="none", server_log_level="info"),
+        overlap=True)
+    assert "--disable-overlap-schedule" not in flags
+    assert flags[flags.index("--mamba-radix-cache-strategy") + 1] == "extra_buffer"
 
 
 def test_serving_server_flags_are_sglang_0517s_and_capture_the_loads_batch_sizes(tmp_path):
@@ -541,7 +574,7 @@ def test_serving_speculative_mtp_flags_and_model_folders(tmp_path, monkeypatch):
 
     commands = []
 
-    def fake(model, model_dir, variant, strategy, args, log, deadline, emit):
+    def fake(model, model_dir, variant, strategy, args, log, deadline, emit, overlap=False):
         config = json.loads((model_dir / "config.json").read_text())
         commands.append((model_dir.name, variant, config.get("mtp_num_hidden_layers"),
                          [*bench_serving.SPEC_VARIANT.get(variant, []),

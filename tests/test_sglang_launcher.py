@@ -224,12 +224,18 @@ def gpu_platform(monkeypatch):
 
 
 def test_dry_run_extra_buffer(environ, capsys, gpu_platform, MODEL):
-    """extra_buffer's decode track copy keeps its row mask on the device: SGLang's CUDA graphs stay on."""
+    """extra_buffer's decode track copy keeps its row mask on the device: SGLang's CUDA graphs and its
+    overlap scheduler stay on (its ping-pong track slots are what extra_buffer is for)."""
     strategy = ["--mamba-radix-cache-strategy", "extra_buffer"]
     out = _dry_run(capsys, ["--replay-ssm"] + MODEL + strategy)
-    assert out["sglang_args"] == MODEL + strategy + ["--mamba-ssm-dtype", "float32", "--disable-overlap-schedule",
+    assert out["sglang_args"] == MODEL + strategy + ["--mamba-ssm-dtype", "float32",
                                                      "--linear-attn-decode-backend", "triton",
                                                      "--linear-attn-verify-backend", "triton"]
+    off = ["--disable-overlap-schedule"]
+    out = _dry_run(capsys, ["--replay-ssm"] + MODEL + strategy + off)
+    assert out["sglang_args"] == MODEL + strategy + off + ["--mamba-ssm-dtype", "float32",
+                                                           "--linear-attn-decode-backend", "triton",
+                                                           "--linear-attn-verify-backend", "triton"]
 
 
 def test_dry_run_extra_buffer_with_speculative_decoding(environ, capsys, gpu_platform, MODEL):

@@ -75,6 +75,15 @@ ROW_KEYS = ("output_throughput", "median_itl_ms", "p99_itl_ms", "median_ttft_ms"
 SPEC_VARIANT = {"sglang-replay": ["--enable-linear-replayssm-spec"]}
 
 
+def schedule(variant: str, strategy: str, overlap: bool) -> tuple[str, bool]:
+    """``(radix strategy, overlap scheduler on)`` a variant's server runs when ``strategy`` and
+    ``--overlap`` are asked for: SGLang's own replay serves no_buffer only, and no_buffer runs without
+    the overlap scheduler (SGLang refuses both otherwise)."""
+    if variant == "sglang-replay":
+        strategy = "no_buffer"
+    return strategy, overlap and strategy == "extra_buffer"
+
+
 # SSM state slots SGLang 0.5.17 reserves per running request under the radix cache (its
 # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO): with fewer it caps --max-running-requests below the load
 SLOTS_PER_REQUEST = 3
@@ -93,8 +102,9 @@ def write_tokenizer(folder: pathlib.Path, vocab_size: int) -> None:
         tokenizer_class="PreTrainedTokenizerFast", model_max_length=32768, unk_token="t0", pad_token="t0")) + "\n")
 
 
-def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str, args) -> list[str]:
-    """SGLang flags every variant shares at one radix strategy (the launcher adds what replay needs)."""
+def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str, args, overlap: bool = False) -> list[str]:
+    """SGLang flags every variant shares at one radix strategy, with SGLang's overlap scheduler on or off
+    (the launcher adds what replay needs)."""
     running = max(args.concurrency)
     # decode graphs for the loads' batch sizes and the powers of two below (batches between pad up)
     graph_bs = sorted({1 << i for i in range(running.bit_length()) if 1 << i <= running} | set(args.concurrency))
@@ -109,7 +119,7 @@ def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str,
              "--context-length", str(args.prefix_len + args.question_len + args.output_len + 64
                                      if args.workload == "prefix" else args.input_len + args.output_len + 64),
              "--random-seed", "0", "--mamba-radix-cache-strategy", strategy,
-             "--disable-overlap-schedule", "--log-level", args.server_log_level]
+             *([] if overlap else ["--disable-overlap-schedule"]), "--log-level", args.server_log_level]
     if args.no_prefill_graph:
         flags += ["--disable-prefill-cuda-graph"]
     if family != "mamba2":
@@ -234,36 +244,38 @@ def row_from(out_file: pathlib.Path) -> dict:
 
 
 def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strategy: str, args, log,
-                      deadline: check_server.Deadline, emit=lambda rows: None) -> list[dict]:
-    """Start ``variant``'s server, run the client at each concurrency, stop it; each load's row is
-    passed to ``emit`` (with the rows so far) as soon as it is measured. A load the deadline leaves
-    no time for is recorded as not run."""
+                      deadline: check_server.Deadline, emit=lambda rows: None, overlap: bool = False) -> list[dict]:
+    """Start ``variant``'s server (radix ``strategy``, SGLang's overlap scheduler on with ``overlap``),
+    run the client at each concurrency, stop it; each load's row is passed to ``emit`` (with the rows
+    so far) as soon as it is measured. A load the deadline leaves no time for is recorded as not run."""
     family = models.FAMILIES[model]
     cmd = [*check_server.launcher_command(variant),
            *(SPEC_VARIANT.get(variant, []) if args.speculative == "mtp" else []),
-           *server_flags(model_dir, family, args.port, strategy, args)]
-    base = dict(model=model, variant=variant, radix=strategy, workload=args.workload, speculative=args.speculative)
+           *server_flags(model_dir, family, args.port, strategy, args, overlap)]
+    base = dict(model=model, variant=variant, radix=strategy, overlap=overlap, workload=args.workload,
+                speculative=args.speculative)
+    label = strategy + (", overlap" if overlap else "")
     rows: list[dict] = []
     if deadline.left(60) < 60:
         rows.append(dict(base, error="not started: the deadline is less than a minute away"))
-        print(f"{model} {variant} ({strategy}): {rows[-1]['error']}", flush=True)
+        print(f"{model} {variant} ({label}): {rows[-1]['error']}", flush=True)
         emit(rows)
         return rows
-    log.write(f"\n===== {model} {variant} {strategy}: {' '.join(cmd)}\n")
+    log.write(f"\n===== {model} {variant} {label}: {' '.join(cmd)}\n")
     log.flush()
     t0 = time.time()
-    print(f"{model} {variant} ({strategy}): starting", flush=True)
+    print(f"{model} {variant} ({label}): starting", flush=True)
     proc = None
     try:
         proc = check_server.launch(cmd, args.port, log, check_server.server_env(args))
         check_server.wait_ready(proc, args.port, deadline.left(args.start_timeout))
-        print(f"{model} {variant} ({strategy}): ready in {time.time() - t0:.0f} s", flush=True)
+        print(f"{model} {variant} ({label}): ready in {time.time() - t0:.0f} s", flush=True)
         for c, load in ((c, load) for c in args.concurrency for load in range(1, args.repeat + 1)):
             if deadline.left(30) < 30:
                 rows.append(dict(base, concurrency=c, load=load, error="not run: the deadline is less than 30 s away"))
                 emit(rows)
                 continue
-            log.write(f"\n===== {model} {variant} {strategy}: concurrency {c}, load {load}\n")
+            log.write(f"\n===== {model} {variant} {label}: concurrency {c}, load {load}\n")
             log.flush()
             log_start = os.path.getsize(log.name)
             with tempfile.TemporaryDirectory() as tmp:
@@ -283,17 +295,22 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                 row |= server_rates(f.read().decode(errors="replace"), c)
             rows.append(row)
             emit(rows)
-            print(f"{model} {variant} ({strategy}) concurrency {c} load {load}: "
+            print(f"{model} {variant} ({label}) concurrency {c} load {load}: "
                   f"{row.get('output_throughput', 0):.0f} tok/s, ITL median {row.get('median_itl_ms', 0):.2f} ms, "
                   f"TTFT median {row.get('median_ttft_ms', 0):.0f} ms ({time.time() - t1:.0f} s)", flush=True)
     except Exception as e:                      # noqa: BLE001 - recorded; the next variant runs
         rows.append(dict(base, error=f"{type(e).__name__}: {e}"))
         emit(rows)
-        print(f"{model} {variant} ({strategy}): FAILED {rows[-1]['error']}", flush=True)
+        print(f"{model} {variant} ({label}): FAILED {rows[-1]['error']}", flush=True)
     finally:
         if proc is not None:
             check_server.stop(proc)
     return rows
+
+
+def radix(row: dict) -> str:
+    """A row's radix strategy, with ", overlap" where SGLang's overlap scheduler ran."""
+    return row["radix"] + (", overlap" if row.get("overlap") else "")
 
 
 def table(paths: list[pathlib.Path]) -> str:
@@ -316,7 +333,7 @@ def table(paths: list[pathlib.Path]) -> str:
         base, replay = by_load("sglang"), by_load("sglang-replay")
         for r in data["rows"]:
             if "output_throughput" not in r:
-                out.append(f"| {r['model']} | {r['variant']} | {r['radix']} | {r.get('concurrency', '')} | "
+                out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r.get('concurrency', '')} | "
                            f"{r.get('load', '')} | {r['error']} | | | | | | | | |")
                 continue
             key = (r["workload"], r["concurrency"], r.get("load", 1))
@@ -327,7 +344,7 @@ def table(paths: list[pathlib.Path]) -> str:
             rates = " / ".join(f"{r[k]:,.0f}" if k in r else "-" for k in ("prefill_tokens_per_s",
                                                                           "decode_tokens_per_s"))
             hit, accept = r.get("cache_hit_rate_pct"), r.get("accept_length")
-            out.append(f"| {r['model']} | {r['variant']} | {r['radix']} | {r['concurrency']} | {r.get('load', 1)} | "
+            out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r['concurrency']} | {r.get('load', 1)} | "
                        f"{r['output_throughput']:.0f} | {tok} | {vs_replay} | {r['median_itl_ms']:.2f} / "
                        f"{r['p99_itl_ms']:.2f} | {itl} | {r['median_ttft_ms']:.0f} | {rates} | "
                        f"{'' if hit is None else f'{hit:.1f} %'} | {'' if accept is None else f'{accept:.2f}'} |")
@@ -346,7 +363,8 @@ def merge(paths: list[pathlib.Path]) -> dict:
         raise ValueError(f"merge: expected files of one model, got {names} in {[str(p) for p in paths]}")
 
     def key(r: dict) -> tuple:
-        return (r["variant"], r["radix"], r["workload"], r.get("speculative"), r.get("concurrency"), r.get("load"))
+        return (r["variant"], r["radix"], r.get("overlap", False), r["workload"], r.get("speculative"),
+                r.get("concurrency"), r.get("load"))
 
     rows = [dict(r, run=i) for i, f in enumerate(files) for r in f["rows"]]
     last_measured = {key(r): i for i, r in enumerate(rows) if "output_throughput" in r}
@@ -368,7 +386,7 @@ def plot(rows_by_model: dict[str, list[dict]], path: pathlib.Path) -> None:
         lines: dict[str, dict] = {}
         for r in rows:                          # rows are in load order: a later load replaces an earlier
             if "output_throughput" in r:
-                lines.setdefault(f"{r['variant']} ({r['radix']})", {})[r["concurrency"]] = r["output_throughput"]
+                lines.setdefault(f"{r['variant']} ({radix(r)})", {})[r["concurrency"]] = r["output_throughput"]
         for label, by_c in lines.items():
             pts = sorted(by_c.items())
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
@@ -401,7 +419,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-log-level", default="warning", choices=["warning", "info", "debug"],
                     help="the servers' --log-level; info logs each prefill batch and replayssm's first launch of each "
                          "kernel variant to servers.log")
-    ap.add_argument("--radix-strategies", nargs="+", default=["no_buffer"], choices=["no_buffer", "extra_buffer"])
+    ap.add_argument("--radix-strategies", nargs="+", default=["no_buffer"], choices=["no_buffer", "extra_buffer"],
+                    help="each variant's server at each (SGLang's own replay at no_buffer only)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="SGLang's overlap scheduler on where the radix strategy allows it (extra_buffer; SGLang's "
+                         "default for these models): no_buffer runs without it")
     ap.add_argument("--speculative", choices=["none", "mtp"], default="none",
                     help="mtp: speculative decoding with the model's MTP layer as the draft (NEXTN, a chain of "
                          "--draft-tokens; qwen3.5-9b and qwen3-next); with random weights acceptance is arbitrary "
@@ -483,8 +505,10 @@ def main(argv: list[str] | None = None) -> int:
             for variant in args.variants:
                 if not check_server.serves(variant, model):
                     continue
-                for strategy in args.radix_strategies:
-                    rows += serve_and_measure(model, model_dir, variant, strategy, args, log, deadline, emit=write)
+                for strategy, overlap in dict.fromkeys(schedule(variant, s, args.overlap)
+                                                       for s in args.radix_strategies):
+                    rows += serve_and_measure(model, model_dir, variant, strategy, args, log, deadline, emit=write,
+                                              overlap=overlap)
                     write([])
     plot(rows_by_model, args.out / "serving.png")
     return 1 if any("error" in r for rows in rows_by_model.values() for r in rows) else 0

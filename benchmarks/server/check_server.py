@@ -102,7 +102,7 @@ def server_args(model_dir: pathlib.Path, family: str, port: int, args) -> list[s
              "--max-total-tokens", str(args.max_total_tokens),
              "--max-mamba-cache-size", str(args.max_mamba_cache_size or 3 * args.max_running_requests),
              "--cuda-graph-max-bs", str(args.max_running_requests), "--context-length", "2048", "--random-seed", "0",
-             "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule",
+             "--mamba-radix-cache-strategy", args.radix_strategy, *([] if args.overlap else ["--disable-overlap-schedule"]),
              "--log-level", "warning"]
     if args.no_prefill_graph:
         flags += ["--disable-prefill-cuda-graph"]
@@ -381,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
                          "dummy values (flat logits: tokens that hardly depend on the prompt)")
     ap.add_argument("--no-prefill-graph", action="store_true",
                     help="every variant without SGLang's prefill CUDA graph (starts faster; decode graphs stay)")
+    ap.add_argument("--radix-strategy", choices=["no_buffer", "extra_buffer"], default="no_buffer",
+                    help="every server's mamba radix cache strategy (SGLang's own replay serves no_buffer only)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="keep SGLang's overlap scheduler on (extra_buffer only: no_buffer needs it off)")
     ap.add_argument("--sglang-arg", action="append", default=[], help="one more SGLang flag or value (repeatable)")
     ap.add_argument("--table", nargs="+", type=pathlib.Path, metavar="JSON",
                     help="print the markdown table of these server-<model>.json files and exit")
@@ -388,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         print(table(args.table))
         return 0
+    if args.overlap and args.radix_strategy != "extra_buffer":
+        ap.error(f"--overlap: SGLang runs its overlap scheduler with extra_buffer only, got --radix-strategy "
+                 f"{args.radix_strategy}")
     if args.parallel < 1:
         ap.error(f"--parallel: expected at least 1, got {args.parallel}")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -122,17 +122,18 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
     strategy = _flag_value(rest, "--mamba-radix-cache-strategy")
     if strategy not in (None, "no_buffer", "extra_buffer"):
         raise SystemExit(f"--mamba-radix-cache-strategy: replayssm serves no_buffer and extra_buffer; got {strategy}")
+    speculative = _flag_value(rest, "--speculative-algorithm") is not None
     if strategy is None and "--disable-radix-cache" not in rest:
         sglang_args += ["--mamba-radix-cache-strategy", "no_buffer"]
         strategy = "no_buffer"
-    if strategy in ("no_buffer", "extra_buffer") and "--disable-overlap-schedule" not in rest:
-        # SGLang's no_buffer needs it; extra_buffer is verified with one track slot per request (the
-        # overlap scheduler's second slot and its lookahead bookkeeping are not)
+    if (strategy == "no_buffer" or strategy == "extra_buffer" and speculative) \
+            and "--disable-overlap-schedule" not in rest:
+        # SGLang's no_buffer needs it; extra_buffer's verify commit (mamba2.commit_after_verify) reads
+        # the tracked steps on the host, which the overlap scheduler's lookahead would race
         sglang_args += ["--disable-overlap-schedule"]
-    if strategy == "extra_buffer" and _flag_value(rest, "--speculative-algorithm") is not None \
-            and "--disable-cuda-graph" not in rest:
+    if strategy == "extra_buffer" and speculative and "--disable-cuda-graph" not in rest:
         # the decode's track copy keeps its row mask on the device (graph-safe); the verify's track
-        # commit (mamba2.commit_after_verify) reads the tracked steps on the host
+        # commit reads the tracked steps on the host
         sglang_args += ["--disable-cuda-graph"]
     for phase in ("decode", "verify"):                          # GDN / KDA: replay replaces the triton kernels
         flag = f"--linear-attn-{phase}-backend"
