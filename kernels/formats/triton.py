@@ -378,15 +378,16 @@ def _refresh_read_copy_kernel(
     IS_DELTA: tl.constexpr, READ_FMT: tl.constexpr, ROW_CODE_BYTES: tl.constexpr, CODE_MAX: tl.constexpr,
 ):
     # program (row tile, head, slot): BR read rows of one (slot, head), re-encoded from the stored
-    # checkpoint; read layout [rows, cols] as in _store_checkpoint_kernel. A padded slot loads and
-    # stores nothing
+    # checkpoint; read layout [rows, cols] as in _store_checkpoint_kernel. A padded slot's programs
+    # return at once (extra_buffer's track copy refreshes a whole batch of mostly padded rows every
+    # decode step)
     pid_r, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slots + i)
-    real = slot >= 0
-    slot = tl.maximum(slot, 0)
+    if slot < 0:
+        return
     rows = pid_r * BR + tl.arange(0, BR)
     cols = tl.arange(0, COLS)
-    rmask = (rows < ROWS) & real
+    rmask = rows < ROWS
     if IS_DELTA:
         off_a, off_b = cols[None, :], rows[:, None]       # a = k (col), b = v (row)
     else:
