@@ -168,6 +168,24 @@ def test_parallel_runs_never_share_a_port_and_write_every_model(tmp_path, monkey
     assert all(f"log of {m} {v}" in log for m in ("qwen3-next", "kimi-linear") for v in variants)
 
 
+def test_check_server_runs_extra_buffer_with_the_overlap_scheduler(tmp_path, monkeypatch):
+    """--overlap keeps SGLang's overlap scheduler (extra_buffer only) and gives each running request
+    its two ping-pong track slots too; no_buffer with --overlap is refused before any server starts."""
+    seen = []
+    monkeypatch.setattr(check_server, "run_variant", lambda name, model, model_dir, reqs, args, port, log, deadline:
+                        seen.append(check_server.server_args(model_dir, "gdn", port, args)) or dict(error="not run"))
+    with pytest.raises(SystemExit):
+        check_server.main(["--models", "qwen3-next", "--variants", "sglang", "--overlap", "--out", str(tmp_path)])
+    assert seen == []
+    check_server.main(["--models", "qwen3-next", "--variants", "sglang", "--radix-strategy", "extra_buffer",
+                       "--overlap", "--max-running-requests", "16", "--out", str(tmp_path),
+                       "--models-dir", str(tmp_path / "models")])
+    (flags,) = seen
+    assert "--disable-overlap-schedule" not in flags
+    assert flags[flags.index("--mamba-radix-cache-strategy") + 1] == "extra_buffer"
+    assert flags[flags.index("--max-mamba-cache-size") + 1] == str(5 * 16)
+
+
 def test_check_server_leaves_out_variants_a_family_cannot_serve():
     jobs = check_server.jobs_in_order(["nemotron-h-8b", "qwen3.5-9b"], ["sglang", "sglang-replay", "replay-fp32"])
     assert jobs == [("nemotron-h-8b", "sglang"), ("qwen3.5-9b", "sglang"), ("qwen3.5-9b", "sglang-replay"),

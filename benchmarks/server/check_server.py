@@ -100,7 +100,8 @@ def server_args(model_dir: pathlib.Path, family: str, port: int, args) -> list[s
              "--port", str(port), "--attention-backend", ATTENTION[family], "--sampling-backend", "pytorch",
              "--mem-fraction-static", str(args.mem_fraction), "--max-running-requests", str(args.max_running_requests),
              "--max-total-tokens", str(args.max_total_tokens),
-             "--max-mamba-cache-size", str(args.max_mamba_cache_size or 3 * args.max_running_requests),
+             "--max-mamba-cache-size", str(args.max_mamba_cache_size or (3 + 2 * (args.radix_strategy == "extra_buffer"))
+                                           * args.max_running_requests),
              "--cuda-graph-max-bs", str(args.max_running_requests), "--context-length", "2048", "--random-seed", "0",
              "--mamba-radix-cache-strategy", args.radix_strategy, *([] if args.overlap else ["--disable-overlap-schedule"]),
              "--log-level", "warning"]
@@ -370,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-running-requests", type=int, default=16)
     ap.add_argument("--max-total-tokens", type=int, default=65536, help="each server's KV pool, in tokens")
     ap.add_argument("--max-mamba-cache-size", type=int, default=None,
-                    help="each server's SSM state slots (default: 3 x --max-running-requests)")
+                    help="each server's SSM state slots (default: 3 x --max-running-requests, 5 x with extra_buffer, "
+                         "whose two ping-pong track slots a request takes too)")
     ap.add_argument("--mem-fraction", type=float, default=0.9)
     ap.add_argument("--start-timeout", type=float, default=420)
     ap.add_argument("--parallel", type=int, default=1, help="servers running at once")
