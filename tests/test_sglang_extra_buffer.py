@@ -15,6 +15,7 @@ tracks, the sequence counters) is the test's own, written from ``ScheduleBatch.p
 track fields ``_handle_finish_state_updated_req`` sets on a completed boundary.
 """
 
+import contextlib
 import json
 from types import SimpleNamespace
 
@@ -35,9 +36,10 @@ pytestmark = pytest.mark.usefixtures("test_device")
 INTERVAL = 8                        # --mamba-track-interval (the tiny model's chunk size is 8 too)
 
 
-@pytest.fixture
-def extra_buffer_args(server_args, tmp_path, monkeypatch):
-    """SGLang's process-wide server arguments resolved for extra_buffer; the ``server_args`` fixture's after."""
+@contextlib.contextmanager
+def _resolved_args(server_args, tmp_path, monkeypatch, overlap):
+    """SGLang's process-wide server arguments resolved for extra_buffer (with the overlap scheduler
+    when ``overlap``); the ``server_args`` fixture's after."""
     from sglang.srt.arg_groups import mamba_hook
     from sglang.srt.server_args import prepare_server_args, set_global_server_args_for_scheduler
 
@@ -46,13 +48,27 @@ def extra_buffer_args(server_args, tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(json.dumps(TINY_NEMOTRON_H))
     args = prepare_server_args(["--model-path", str(tmp_path), "--device", DEVICE, "--skip-tokenizer-init",
                                 "--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval",
-                                str(INTERVAL), "--disable-overlap-schedule"])
+                                str(INTERVAL), *([] if overlap else ["--disable-overlap-schedule"])])
     set_global_server_args_for_scheduler(args)
     yield args
     set_global_server_args_for_scheduler(server_args)
 
 
-def _pools(draft_tokens=None):
+@pytest.fixture
+def extra_buffer_args(server_args, tmp_path, monkeypatch):
+    with _resolved_args(server_args, tmp_path, monkeypatch, overlap=False) as args:
+        yield args
+
+
+@pytest.fixture(params=[False, True], ids=["one-track-slot", "overlap-ping-pong"])
+def track_args(request, server_args, tmp_path, monkeypatch):
+    """extra_buffer without the overlap scheduler (one track slot per request) and with it (two
+    ping-pong track slots, the next boundary's track written to the other one)."""
+    with _resolved_args(server_args, tmp_path, monkeypatch, overlap=request.param) as args:
+        yield request.param, args
+
+
+def _pools(draft_tokens=None, overlap=False):
     from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
@@ -61,7 +77,7 @@ def _pools(draft_tokens=None):
 
     req_pool = HybridReqToTokenPool(size=8, mamba_size=10, mamba_spec_state_size=8, max_context_len=64, device=DEVICE,
                                     enable_memory_saver=False, cache_params=_cache_params(), mamba_layer_ids=LAYERS,
-                                    enable_mamba_extra_buffer=True, enable_overlap_schedule=False,
+                                    enable_mamba_extra_buffer=True, enable_overlap_schedule=overlap,
                                     speculative_num_draft_tokens=draft_tokens)
     kv = TokenToKVPoolAllocator(size=64, dtype=torch.float32, device=DEVICE, kvcache=None, need_sort=False)
     cache = UnifiedRadixCache(CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=kv,
@@ -120,19 +136,24 @@ def replay_backend(request):
     hooks.uninstall()
 
 
-def test_track_slot_enters_the_tree_and_serves_a_match(extra_buffer_args, replay_backend):
+def test_track_slot_enters_the_tree_and_serves_a_match(track_args, replay_backend):
+    """With the overlap scheduler SGLang gives a request two ping-pong track slots and writes each
+    boundary to the other one; its lookahead (the next step launched before a step's result is
+    processed) is not re-enacted here: every call runs in stream order, which is what replay's
+    hooks rely on (the served check with the overlap scheduler runs it in SGLang's server)."""
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 
     replay_on, backend = replay_backend
-    req_pool, cache = _pools()
+    overlap, _ = track_args
+    req_pool, cache = _pools(overlap=overlap)
     mp = req_pool.mamba_pool
     assert mp.replay.backend == backend
     run = Run(req_pool, replay_on, torch.Generator().manual_seed(9))
     prompt = list(range(10, 16))                          # 6 tokens: decode tracks at 8 and 16
     a, hit = _admit(cache, req_pool, "a", prompt)
-    assert hit.device_prefix_len == 0 and a.kv.mamba_ping_pong_track_buffer.numel() == 1
-    track = a.kv.mamba_ping_pong_track_buffer.clone()
+    assert hit.device_prefix_len == 0 and a.kv.mamba_ping_pong_track_buffer.numel() == (2 if overlap else 1)
+    slots = a.kv.mamba_ping_pong_track_buffer.clone()
     slot_a = _forward_prep(req_pool, a)
     run.twin.refresh(slot_a)
     run.prefill(slot_a)
@@ -140,6 +161,7 @@ def test_track_slot_enters_the_tree_and_serves_a_match(extra_buffer_args, replay
     a.kv.kv_committed_len = len(prompt)
     tracked = [len(prompt) + 1 + t for t in range(12) if _decode_step(run, cache, a, slot_a, 41 + t)]
     assert tracked == [8, 16] and a.kv.mamba_last_track_seqlen == 16
+    track = slots[-1:]                                    # token 8 went to the first slot, 16 to the last
     assert int(a.kv.mamba_ping_pong_track_buffer[a.kv.mamba_last_track_idx]) == int(track[0])
     want = [run.oracle[layer, int(track[0])].clone() for layer in range(len(LAYERS))]
     assert run.state_error(track) < TOL["float32"]        # the state at token 16, its ring folded in
