@@ -19,6 +19,11 @@ declare the layer), SGLang's own replay with its replay verify (``--enable-linea
 the rows carry the client's acceptance length, arbitrary under random weights, so variants are
 compared at the acceptance they measured.
 
+``--overlap`` keeps SGLang's overlap scheduler on for every ``extra_buffer`` server (SGLang's own
+default for these models: the scheduler prepares the next batch while the GPU runs the current
+one); ``no_buffer`` servers run without it, as SGLang requires, and SGLang's own replay, which
+serves ``no_buffer`` only, runs there whatever ``--radix-strategies`` asks. The rows record both.
+
 ``--workload prefix`` instead sends ``--groups`` groups of ``--prompts-per-group`` requests that
 share a ``--prefix-len``-token prefix (the client's ``generated-shared-prefix`` dataset, with its
 cache report), for each radix strategy of ``--radix-strategies``.
