@@ -261,12 +261,13 @@ class StatePool:
             cpu_idx = self.cpu_slots(slots)
             cpu_idx = cpu_idx[cpu_idx >= 0]
             rows = cpu_idx.to(self.device)
-        for lay in layers:
-            if self.read and rows.numel():
+        if self.read and rows.numel():
+            for lay in layers:
                 self.backend_ops.refresh(self, lay, rows)
-            ring.empty(self.cursors, lay, slots, wrote_checkpoint=True)
-            if checked:
-                self.pending[lay, cpu_idx] = 0
+        # the cursors of every layer in one move (a whole-pool event: SGLang's track copy, every step)
+        ring.empty(self.cursors, layer, slots, wrote_checkpoint=True)
+        if checked:
+            self.pending[slice(None) if layer is None else layer, cpu_idx] = 0
 
     def commit(self, slots: torch.Tensor, num_accepted: torch.Tensor, *, checked: bool = True) -> None:
         """Keep the first ``num_accepted`` tokens of the last verify of ``slots``, in every layer.
