@@ -129,7 +129,7 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
     if (strategy == "no_buffer" or strategy == "extra_buffer" and speculative) \
             and "--disable-overlap-schedule" not in rest:
         # SGLang's no_buffer needs it; extra_buffer's verify commit (mamba2.commit_after_verify) reads
-        # the tracked steps on the host, which the overlap scheduler's lookahead would race
+        # the tracked steps on the host, not verified under the overlap scheduler's lookahead
         sglang_args += ["--disable-overlap-schedule"]
     if strategy == "extra_buffer" and speculative and "--disable-cuda-graph" not in rest:
         # the decode's track copy keeps its row mask on the device (graph-safe); the verify's track
