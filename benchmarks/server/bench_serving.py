@@ -328,11 +328,13 @@ def table(paths: list[pathlib.Path]) -> str:
     tokens/s against SGLang conventional's (variant ``sglang``) and SGLang's own replay's
     (``sglang-replay``), median inter-token latency against SGLang conventional's, each on the same
     workload, concurrency and load number of its server, where those were measured in the same file,
-    and the server's own prefill and decode rates during the load (``server_rates``) where logged."""
+    and the server's own prefill and decode rates during the load (``server_rates``) where logged,
+    the decode rate against SGLang's and SGLang's replay's (a load's output tokens/s also carries its
+    prefill; the decode rate is the steps alone)."""
     out = ["| model | variant | radix | concurrency | load | output tok/s | vs SGLang | vs SGLang's replay "
-           "| ITL median / p99 ms | ITL vs SGLang | TTFT median ms | server prefill / decode tok/s | cache hit "
-           "| accept length |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| ITL median / p99 ms | ITL vs SGLang | TTFT median ms | server prefill / decode tok/s "
+           "| decode vs SGLang / SGLang's replay | cache hit | accept length |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
         data = json.loads(path.read_text())
         ok = [r for r in data["rows"] if "output_throughput" in r]
@@ -344,7 +346,7 @@ def table(paths: list[pathlib.Path]) -> str:
         for r in data["rows"]:
             if "output_throughput" not in r:
                 out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r.get('concurrency', '')} | "
-                           f"{r.get('load', '')} | {r['error']} | | | | | | | | |")
+                           f"{r.get('load', '')} | {r['error']} | | | | | | | | | |")
                 continue
             key = (r["workload"], r["concurrency"], r.get("load", 1))
             b, s = base.get(key), replay.get(key)
@@ -353,10 +355,13 @@ def table(paths: list[pathlib.Path]) -> str:
             itl = f"{b['median_itl_ms'] / r['median_itl_ms']:.2f}x" if b and r is not b else ""
             rates = " / ".join(f"{r[k]:,.0f}" if k in r else "-" for k in ("prefill_tokens_per_s",
                                                                           "decode_tokens_per_s"))
+            decode = " / ".join(f"{r['decode_tokens_per_s'] / o['decode_tokens_per_s']:.2f}x"
+                                if o and r is not o and "decode_tokens_per_s" in r and "decode_tokens_per_s" in o
+                                else "-" for o in (b, s))
             hit, accept = r.get("cache_hit_rate_pct"), r.get("accept_length")
             out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r['concurrency']} | {r.get('load', 1)} | "
                        f"{r['output_throughput']:.0f} | {tok} | {vs_replay} | {r['median_itl_ms']:.2f} / "
-                       f"{r['p99_itl_ms']:.2f} | {itl} | {r['median_ttft_ms']:.0f} | {rates} | "
+                       f"{r['p99_itl_ms']:.2f} | {itl} | {r['median_ttft_ms']:.0f} | {rates} | {decode} | "
                        f"{'' if hit is None else f'{hit:.1f} %'} | {'' if accept is None else f'{accept:.2f}'} |")
     return "\n".join(out)
 
