@@ -70,8 +70,9 @@ TILES = {
                                    rows_from_blocks=True),
             "verify_flush_vk": dict(rows=32, num_warps=2, stages=2, dot="tf32x3", row_programs=16, key_runs=32,
                                    rows_from_blocks=True),
-            # not timed: by ptxas (Triton 3.6, sm_90a) all 32 heads per program at 4 warps take 255 registers
-            # and spill 1028 bytes (186 µs per Kimi-Linear step of 6 layers at batch 256, profiled in the
-            # server), 8 heads 138 registers, 4 heads 80, none spilling; benchmarks/bench_gating.py times them
+            # by ptxas (Triton 3.6, sm_90a) all 32 heads per program at 4 warps take 255 registers and
+            # spill 1028 bytes, 8 heads 138 registers, 4 heads 80, none spilling; profiled in the server
+            # (Kimi-Linear, 6 KDA layers, batch 256) all heads took 186 µs per step and 4 heads 79.5
+            # (BENCHMARKS.md); benchmarks/bench_gating.py times every split against the PyTorch operations
             "gating": dict(heads=4, num_warps=4)},
 }
