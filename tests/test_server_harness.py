@@ -412,8 +412,8 @@ def test_serving_server_flags_are_sglang_0517s_and_capture_the_loads_batch_sizes
                             "MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO as r; print(r)"], capture_output=True,
                            text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(site)})
     assert ratio.returncode == 0, ratio.stderr[-3000:]
-    assert bench_serving.SLOTS_PER_REQUEST == int(ratio.stdout.split()[-1])
-    assert int(flags[flags.index("--max-mamba-cache-size") + 1]) >= bench_serving.SLOTS_PER_REQUEST * 256
+    assert check_server.SLOTS_PER_REQUEST == int(ratio.stdout.split()[-1])
+    assert int(flags[flags.index("--max-mamba-cache-size") + 1]) >= check_server.SLOTS_PER_REQUEST * 256
     args.speculative = "mtp"
     spec = [*bench_serving.SPEC_VARIANT["sglang-replay"], *bench_serving.server_flags(tmp_path, "gdn", 30000,
                                                                                       "no_buffer", args)]

@@ -89,12 +89,6 @@ def schedule(variant: str, strategy: str, overlap: bool) -> tuple[str, bool]:
     return strategy, overlap and strategy == "extra_buffer"
 
 
-# SSM state slots SGLang 0.5.17 reserves per running request under the radix cache (its
-# MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO): with fewer it caps --max-running-requests below the load
-SLOTS_PER_REQUEST = 3
-# and under extra_buffer its ping-pong track slots more (with 3 per request and the overlap scheduler,
-# SGLang 0.5.17 capped a 776-slot pool at 155 running requests)
-EXTRA_BUFFER_SLOTS = 2
 
 
 def write_tokenizer(folder: pathlib.Path, vocab_size: int) -> None:
@@ -124,8 +118,7 @@ def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str,
              "--attention-backend", check_server.ATTENTION[family], "--mem-fraction-static", str(args.mem_fraction),
              "--max-running-requests", str(running), "--cuda-graph-bs-decode", *map(str, graph_bs),
              "--max-total-tokens", str(tokens),
-             "--max-mamba-cache-size", str((SLOTS_PER_REQUEST + EXTRA_BUFFER_SLOTS * (strategy == "extra_buffer"))
-                                           * running + 8),
+             "--max-mamba-cache-size", str(check_server.slots_per_request(strategy) * running + 8),
              "--context-length", str(args.prefix_len + args.question_len + args.output_len + 64
                                      if args.workload == "prefix" else args.input_len + args.output_len + 64),
              "--random-seed", "0", "--mamba-radix-cache-strategy", strategy,

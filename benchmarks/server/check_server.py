@@ -79,6 +79,19 @@ def serves(variant: str, model: str) -> bool:
     return models.FAMILIES[model] in SERVES.get(variant, (models.FAMILIES[model],))
 
 
+# SSM state slots SGLang 0.5.17 reserves per running request under the radix cache (its
+# MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO): with fewer it caps --max-running-requests below the load
+SLOTS_PER_REQUEST = 3
+# and under extra_buffer its ping-pong track slots more (with 3 per request and the overlap scheduler,
+# SGLang 0.5.17 capped a 776-slot pool at 155 running requests: "5 state slots per request")
+EXTRA_BUFFER_SLOTS = 2
+
+
+def slots_per_request(strategy: str) -> int:
+    """State slots a server under radix ``strategy`` needs per running request."""
+    return SLOTS_PER_REQUEST + EXTRA_BUFFER_SLOTS * (strategy == "extra_buffer")
+
+
 # the attention kernels of the models' full-attention layers (the kit has no FA3): SGLang 0.5.17 refuses
 # its triton backend for NemotronH, whose first layer is not an attention layer, and its torch_native
 # backend fails in NemotronH's warm-up, so NemotronH runs FlashInfer's (compiled on first use)
@@ -100,8 +113,8 @@ def server_args(model_dir: pathlib.Path, family: str, port: int, args) -> list[s
              "--port", str(port), "--attention-backend", ATTENTION[family], "--sampling-backend", "pytorch",
              "--mem-fraction-static", str(args.mem_fraction), "--max-running-requests", str(args.max_running_requests),
              "--max-total-tokens", str(args.max_total_tokens),
-             "--max-mamba-cache-size", str(args.max_mamba_cache_size or (3 + 2 * (args.radix_strategy == "extra_buffer"))
-                                           * args.max_running_requests),
+             "--max-mamba-cache-size", str(args.max_mamba_cache_size
+                                           or slots_per_request(args.radix_strategy) * args.max_running_requests),
              "--cuda-graph-max-bs", str(args.max_running_requests), "--context-length", "2048", "--random-seed", "0",
              "--mamba-radix-cache-strategy", args.radix_strategy, *([] if args.overlap else ["--disable-overlap-schedule"]),
              "--log-level", "warning"]
