@@ -89,8 +89,6 @@ def schedule(variant: str, strategy: str, overlap: bool) -> tuple[str, bool]:
     return strategy, overlap and strategy == "extra_buffer"
 
 
-
-
 def write_tokenizer(folder: pathlib.Path, vocab_size: int) -> None:
     """A word-level tokenizer of ``vocab_size`` tokens ``t0 ... t{vocab_size-1}`` in ``folder``
     (``tokenizer.json`` and ``tokenizer_config.json``): id ``i`` decodes to ``t{i}`` and a text of such
