@@ -52,6 +52,12 @@ class Backend(Protocol):
         repeats allowed) of ``layer`` from their stored checkpoint; checkpoint and cursors untouched.
         Called only on a pool with a read copy."""
 
+    def copy(self, pool, src: torch.Tensor, dst: torch.Tensor, *, layer: int | None, checkpoint: bool) -> None:
+        """Make slots ``dst`` copies of ``src`` (int64 ``[n]`` on the pool's device; ``dst`` distinct and
+        disjoint from ``src``) in ``layer`` or every layer (None): read copy, ring, cursors, and the
+        checkpoint when ``checkpoint``. A backend with ``supports_unchecked`` skips a row whose ``src``
+        or ``dst`` is outside ``[0, num_slots)`` (a padded row); the pool gives the others none."""
+
     def commit(self, cursors: dict, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """Keep the first ``num_accepted [n]`` pending tokens of ``slots`` in every layer."""
 
@@ -81,8 +87,8 @@ def get(name: str) -> Backend:
         raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {name!r}")
     found = importlib.import_module(BACKENDS[name])
     if not isinstance(found, Backend):
-        members = ("supports_unchecked", "check", "step", "flush", "refresh", "store", "commit", "fold_committed",
-                   "gating")
+        members = ("supports_unchecked", "check", "step", "flush", "refresh", "store", "copy", "commit",
+                   "fold_committed", "gating")
         missing = [m for m in members if not hasattr(found, m)]
         raise ValueError(f"backend: {BACKENDS[name]} does not implement replayssm.backend.Backend (missing "
                          f"{', '.join(missing)})")

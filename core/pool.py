@@ -139,49 +139,51 @@ class StatePool:
         self.copy(slots, child)
         return child
 
-    def copy(self, src: torch.Tensor, dst: torch.Tensor, *, checked: bool = True, checkpoint: bool = True) -> None:
+    def copy(self, src: torch.Tensor, dst: torch.Tensor, *, checked: bool = True, checkpoint: bool = True,
+             layer: int | None = None) -> None:
         """Make allocated slots ``dst`` copies of ``src`` (checkpoint, read copy, ring, cursors and an
-        uncommitted verify, every layer), row by row, in place; ``src`` is unchanged.
+        uncommitted verify) in ``layer`` or, when None, every layer, row by row, in place; ``src`` is
+        unchanged.
 
         The ring travels with the copy, so a copy needs no flush: ``dst`` holds the same state as
         ``src`` (the same checkpoint bytes and the same ring entries behind the same cursors).
 
         Args:
-            src, dst: int64 ``[n]`` slots on the pool's device, no padded rows; ``dst`` distinct and
-                disjoint from ``src``; a source may repeat (one slot copied into several).
+            src, dst: int64 ``[n]`` slots on the pool's device; ``dst`` distinct and disjoint from
+                ``src``; a source may repeat (one slot copied into several). A padded row (-1) is -1
+                in both and copies nothing.
             checked: False (triton backend) reads nothing on the host, for hosts that copy slots
-                between steps captured in CUDA graphs: ``src`` / ``dst`` must then be in range and
-                obey the rules above, which is not checked, and the host record of uncommitted
-                verifies is left alone (as ``commit(checked=False)`` does).
+                between steps or inside steps captured in CUDA graphs (a masked copy, as SGLang's
+                track copy): the rules above are then not checked, a row with either slot outside
+                ``[0, num_slots)`` is a padded row, and the host record of uncommitted verifies is
+                left alone (as ``commit(checked=False)`` does). The triton backend copies in one
+                launch for all buffers and layers.
             checkpoint: False leaves the checkpoint to the caller (a host that copies its own state
                 tensor, which the pool wraps, itself).
         """
+        if layer is not None:
+            self.check_layer(layer)
+        check_slot_tensor(src, self.device, "src")
+        check_slot_tensor(dst, self.device, "dst")
+        if src.numel() != dst.numel():
+            raise ValueError(f"dst: expected as many slots as src ({src.numel()}), got {dst.numel()}")
         if not checked:
             self.require_unchecked()
-            check_slot_tensor(src, self.device, "src")
-            check_slot_tensor(dst, self.device, "dst")
-            if src.numel() != dst.numel():
-                raise ValueError(f"dst: expected as many slots as src ({src.numel()}), got {dst.numel()}")
             s, d = src, dst
         else:
-            check_slot_tensor(src, self.device, "src")
             src_cpu, dst_cpu = src.cpu(), self.cpu_slots(dst)
-            if src_cpu.numel() != dst_cpu.numel():
-                raise ValueError(f"dst: expected as many slots as src ({src_cpu.numel()}), got {dst_cpu.numel()}")
-            if (src_cpu < 0).any() or (dst_cpu < 0).any():
-                raise ValueError("src, dst: copy takes no padded rows (-1)")
+            padded = src_cpu == -1
+            if bool((padded != (dst_cpu == -1)).any()):
+                raise ValueError("src, dst: a padded row (-1) must be padded in both")
+            src_cpu, dst_cpu = src_cpu[~padded], dst_cpu[~padded]
             self.cpu_slots(src_cpu.unique().to(self.device))       # in range and allocated
             if bool(torch.isin(dst_cpu, src_cpu).any()):
                 raise ValueError("dst: expected slots none of which is in src")
             s, d = src_cpu.to(self.device), dst_cpu.to(self.device)
-            self.pending[:, dst_cpu] = self.pending[:, src_cpu]
-        if s.numel() == 0:
-            return
-        if checkpoint:
-            self.checkpoint[:, d] = self.checkpoint[:, s]
-        for buf in (*self.read.values(), *self.ring.values(), *self.cursors.values()):
-            raw = buf.view(torch.uint8) if buf.element_size() == 1 else buf   # fp8: copied as bytes
-            raw.index_copy_(1, d, raw.index_select(1, s))
+            self.pending[slice(None) if layer is None else layer, dst_cpu] = \
+                self.pending[slice(None) if layer is None else layer, src_cpu]
+        if s.numel():
+            self.backend_ops.copy(self, s, d, layer=layer, checkpoint=checkpoint)
 
     def write_state(self, layer: int, slots: torch.Tensor, state: torch.Tensor) -> None:
         """Set the checkpoint of ``slots`` to ``state`` (fp32, canonical layout) and empty the ring."""

@@ -117,6 +117,15 @@ def refresh(pool, layer: int, rows: torch.Tensor) -> None:
                           is_delta=pool.spec.is_delta, read_format=READ_CODES[pool.cfg.read_format])
 
 
+def copy(pool, src: torch.Tensor, dst: torch.Tensor, *, layer: int | None, checkpoint: bool) -> None:
+    """Slots ``src`` into ``dst`` (int64 ``[n]`` on the device; a row with either outside the pool is
+    skipped): read copy, ring and cursors, and the checkpoint when ``checkpoint``, in ``layer`` or
+    every layer, in one launch. Reads no device value."""
+    ops.copy_slots(buffers=[*pool.read.values(), *pool.ring.values(), *pool.cursors.values()],
+                   checkpoint=pool.checkpoint if checkpoint else None, src=src, dst=dst, num_slots=pool.num_slots,
+                   layer=layer)
+
+
 def commit(cursors: dict, slots: torch.Tensor, num_accepted: torch.Tensor) -> None:
     """Keep ``num_accepted`` pending tokens of ``slots`` in every layer (one launch)."""
     ops.commit(count=cursors["count"], pending=cursors["pending"], slots=slots, num_accepted=num_accepted)

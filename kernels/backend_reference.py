@@ -161,6 +161,17 @@ def refresh(pool, layer: int, rows: torch.Tensor) -> None:
     pool.read["row_scale"][layer, rows] = rs
 
 
+def copy(pool, src: torch.Tensor, dst: torch.Tensor, *, layer: int | None, checkpoint: bool) -> None:
+    """Slots ``src`` into ``dst`` (int64 ``[n]`` on the pool's device, slots of the pool): read copy,
+    ring and cursors, and the checkpoint when ``checkpoint``, in ``layer`` or every layer."""
+    sel = slice(None) if layer is None else slice(layer, layer + 1)
+    if checkpoint:
+        pool.checkpoint[sel, dst] = pool.checkpoint[sel, src]
+    for buf in (*pool.read.values(), *pool.ring.values(), *pool.cursors.values()):
+        raw = buf[sel].view(torch.uint8) if buf.element_size() == 1 else buf[sel]   # fp8: copied as bytes
+        raw.index_copy_(1, dst, raw.index_select(1, src))
+
+
 def fold_committed(pool, layer: int, cpu_rows: torch.Tensor) -> torch.Tensor:
     """fp32 state after the committed ring of ``cpu_rows``, from the exact checkpoint."""
     spec = pool.spec

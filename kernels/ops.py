@@ -8,6 +8,7 @@ of ``kernels/plan.py``, with the tiles of ``kernels/tiles.py``): the one kernel 
 | ``store_checkpoint``        | write fp32 states as checkpoint (+ read copy)               |
 | ``refresh_read_copy``       | re-derive read copies from the stored checkpoint            |
 | ``advance`` / ``commit``    | cursor moves (ring contract)                                |
+| ``copy_slots``              | slots' rings, read copies, cursors (+ checkpoint) into others |
 | ``delta_gating``            | GDN / KDA step inputs from a host's raw projections         |
 
 Every op mutates the caller's buffers in place (declared in ``mutates_args``), allocates
@@ -334,6 +335,37 @@ def commit(count: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor, num_
     ring_triton.commit({"count": count, "pending": pending}, slots, num_accepted)
 
 
+@torch.library.custom_op("replayssm::copy_slots", mutates_args=("buffers", "checkpoint"))
+def copy_slots(buffers: list[torch.Tensor], checkpoint: Optional[torch.Tensor], src: torch.Tensor, dst: torch.Tensor,
+               num_slots: int, layer: Optional[int] = None) -> None:
+    """Copy slot ``src[i]`` into slot ``dst[i]`` in every buffer, in ``layer`` or every layer (None), in
+    one launch; updated in place.
+
+    | Name       | Shape                                  | Dtype  | Dir   |
+    |------------|----------------------------------------|--------|-------|
+    | buffers    | [NL, S or S + 1, ...] each, contiguous | any    | inout |
+    | checkpoint | [NL, S, a, b, c] any strides, or None  | any    | inout |
+    | src, dst   | [n]                                    | int64  | in    |
+
+    A row whose ``src`` or ``dst`` is outside ``[0, num_slots)`` (-1: padding) copies nothing, so a
+    masked copy (SGLang's track copy) needs no host read. ``dst`` must be distinct and disjoint from
+    ``src`` (not checked: a source may repeat). Each buffer holds a multiple of 4 bytes per slot."""
+    _require("src", src, (src.shape[0],), torch.int64, contiguous=True)
+    _require("dst", dst, (src.shape[0],), torch.int64, contiguous=True)
+    if not buffers:
+        raise ValueError("buffers: expected at least one side buffer")
+    layers = buffers[0].shape[0]
+    for i, b in enumerate(buffers):
+        if b.shape[0] != layers or b.shape[1] not in (num_slots, num_slots + 1):
+            raise ValueError(f"buffers[{i}]: expected [{layers}, {num_slots} or {num_slots + 1}, ...], got "
+                             f"{list(b.shape)}")
+    if checkpoint is not None and (checkpoint.dim() != 5 or tuple(checkpoint.shape[:2]) != (layers, num_slots)):
+        raise ValueError(f"checkpoint: expected [{layers}, {num_slots}, a, b, c], got {list(checkpoint.shape)}")
+    if layer is not None and not 0 <= layer < layers:
+        raise ValueError(f"layer: expected None or an int in [0, {layers}), got {layer}")
+    ring_triton.copy_slots(buffers, checkpoint, src, dst, num_slots, layer)
+
+
 @torch.library.custom_op("replayssm::delta_gating", mutates_args=("q_scale", "k_out", "g", "beta"))
 def delta_gating(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
                  dt_bias: torch.Tensor, q_scale: Optional[torch.Tensor], k_out: torch.Tensor, g: torch.Tensor,
@@ -403,5 +435,6 @@ def _no_output(*args, **kwargs) -> None:
     return None
 
 
-for _op in (mamba2_step, delta_step, store_checkpoint, refresh_read_copy, advance, commit, delta_gating):
+for _op in (mamba2_step, delta_step, store_checkpoint, refresh_read_copy, advance, commit, copy_slots,
+            delta_gating):
     _op.register_fake(_no_output)

@@ -92,8 +92,10 @@ def test_copy_refusals():
     other = pool.alloc(2)
     with pytest.raises(ValueError, match="dst: expected as many slots as src"):
         pool.copy(slots, other[:1])
-    with pytest.raises(ValueError, match=r"src, dst: copy takes no padded rows \(-1\)"):
+    with pytest.raises(ValueError, match=r"src, dst: a padded row \(-1\) must be padded in both"):
         pool.copy(torch.tensor([-1]), other[:1])
+    with pytest.raises(ValueError, match=r"src, dst: a padded row \(-1\) must be padded in both"):
+        pool.copy(slots[:1], torch.tensor([-1]))
     with pytest.raises(ValueError, match="dst: expected slots none of which is in src"):
         pool.copy(slots, slots.flip(0))
     with pytest.raises(ValueError, match="slots: expected distinct slot indices"):

@@ -189,22 +189,61 @@ def test_unchecked_copy_equals_checked_copy_and_reads_no_device_value(family, fm
         free.copy(src_f.to(torch.int32), dst_f, checked=False)
 
 
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+def test_unchecked_copy_of_a_host_checkpoint(layout):
+    """``copy(checked=False)`` with the checkpoint (a framework's tensor, ``[.., V, K]`` with a padded
+    slot stride): the same bytes as the reference backend's checked copy in every buffer, the
+    framework's padding slot (NaN) untouched; a padded row copies nothing."""
+    spec = SPECS["gdn"]
+    NL, S = 2, 5
+    HV, K, V = spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
+    inner = (HV, K, V) if layout == "kv" else (HV, V, K)
+    gen = torch.Generator().manual_seed(5)
+    state = torch.randn(NL, S, *inner, generator=gen)
+    cfg = rs.ReplayConfig(window=4, read_format="nvfp4")
+    pools, storages = [], []
+    for backend in ("reference", "triton"):
+        storage = torch.full((NL, S + 1, *inner), float("nan"), device=DEVICE)   # slot 0: the framework's padding
+        pool = rs.StatePool(spec, cfg, num_layers=NL, num_slots=S, device=DEVICE, backend=backend,
+                            checkpoint=storage[:, 1:], state_layout=layout)
+        pool.alloc(S)
+        storage[:, 1:] = state.to(DEVICE)                           # the framework writes its states
+        side = torch.Generator().manual_seed(6)                     # the same side bytes in both pools
+        for buf in (*pool.read.values(), *pool.ring.values(), *pool.cursors.values()):
+            buf.view(torch.uint8).copy_(torch.randint(0, 256, buf.view(torch.uint8).shape, generator=side))
+        pools.append(pool)
+        storages.append(storage)
+    ref, tri = pools
+    ref.copy(torch.tensor([3, -1, 0], device=DEVICE), torch.tensor([1, -1, 4], device=DEVICE))
+    with HostReads() as mode:
+        tri.copy(torch.tensor([3, 2, 0], device=DEVICE), torch.tensor([1, -1, 4], device=DEVICE), checked=False)
+    assert mode.found == [], mode.found
+    _assert_same_buffers(_buffers(ref), _buffers(tri))
+    assert torch.isnan(storages[1][:, 0]).all() and not torch.isnan(storages[1][:, 1:]).any()
+    assert torch.equal(storages[0][:, 1:], storages[1][:, 1:])
+    copied = state.to(DEVICE).clone()
+    copied[:, 1], copied[:, 4] = state[:, 3], state[:, 0]
+    assert torch.equal(storages[1][:, 1:], copied)
+
+
 class _Ops(TorchDispatchMode):
     """Counts the aten ops run under it that launch work on a GPU (views and detaches excluded)."""
 
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self.names = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func.__name__.split(".")[0] not in ("view", "_unsafe_view", "detach")
+        name = func.__name__.split(".")[0]
+        if name not in ("view", "_unsafe_view", "detach"):
+            self.names.append(f"{func.namespace}::{name}")
         return func(*args, **(kwargs or {}))
 
 
-def test_a_copy_launches_the_same_ops_for_any_number_of_layers():
-    """SGLang copies one request's slot per radix insert: ``copy(checked=False, checkpoint=False)``
-    is one gather and one scatter per side buffer over every layer at once (no flush, no refresh,
-    nothing per layer)."""
+def test_a_copy_is_one_launch_for_any_number_of_layers():
+    """SGLang copies one request's slot per radix insert, and its track copy the masked rows of a
+    decode batch every step: ``copy(checked=False, checkpoint=False)`` is one launch for every side
+    buffer and layer (no flush, no refresh, nothing per layer or buffer)."""
     counts = []
     for layers in (1, 4):
         pool = rs.StatePool(SPECS["mamba2"], rs.ReplayConfig(window=4, read_format="nvfp4"), num_layers=layers,
@@ -212,9 +251,8 @@ def test_a_copy_launches_the_same_ops_for_any_number_of_layers():
         src, dst = pool.alloc(1), pool.alloc(1)
         with _Ops() as ops:
             pool.copy(src, dst, checked=False, checkpoint=False)
-        counts.append(ops.count)
-    side = len(pool.read) + len(pool.ring) + len(pool.cursors)
-    assert counts == [2 * side, 2 * side], counts
+        counts.append(ops.names)
+    assert counts == [["replayssm::copy_slots"]] * 2, counts
 
 
 # slot indices outside a pool of 5 slots: below -1, at and past the end, past int32
@@ -301,6 +339,19 @@ def _outside_the_pool(family, spec, fmt):
     with HostReads() as mode:
         free.refresh(torch.cat((torch.tensor(OUTSIDE[2:], device=DEVICE), sf)), checked=False)
         free.refresh(torch.tensor(OUTSIDE, device=DEVICE), layer=1, checked=False)     # no row in the pool
+    assert mode.found == [], mode.found
+    _assert_same_buffers(_buffers(checked), _buffers(free))
+    # a masked copy (SGLang's track copy): a row with either slot outside the pool copies nothing
+    dc, df = checked.alloc(2), free.alloc(2)
+    pad = torch.tensor([-1], device=DEVICE)
+    src_c, dst_c = torch.cat((sc[:1], pad, sc[2:], pad)), torch.cat((dc[:1], pad, dc[1:], pad))
+    src_f = torch.cat((sf[:1], torch.tensor([OUTSIDE[0]], device=DEVICE), sf[2:], sf[1:2]))
+    dst_f = torch.cat((df[:1], sf[1:2], df[1:], torch.tensor([OUTSIDE[3]], device=DEVICE)))
+    checked.copy(src_c, dst_c)
+    checked.copy(src_c.flip(0), dst_c.flip(0), layer=1)
+    with HostReads() as mode:
+        free.copy(src_f, dst_f, checked=False)
+        free.copy(src_f.flip(0), dst_f.flip(0), checked=False, layer=1)
     assert mode.found == [], mode.found
     _assert_same_buffers(_buffers(checked), _buffers(free))
 

@@ -1,1 +1,1 @@
-"""Cursor moves of the ring contract on the device (reference: replayssm.ring)."""
+"""Cursor moves of the ring contract on the device (reference: replayssm.ring), and the slot copy."""
