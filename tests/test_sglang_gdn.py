@@ -231,8 +231,8 @@ def test_gdn_backend_kernel_choice_is_checked(server_args, replay_on):
 
 def test_gdn_decode_track_copies_the_whole_state(replay_on):
     """SGLang's extra_buffer decode track (``track_mamba_states_if_needed``) on GDN layers, whose state
-    SGLang stores ``[HV, V, K]``: the track slot holds the whole state (ring folded in) with an empty
-    ring, and decodes on from it."""
+    SGLang stores ``[HV, V, K]``: the track slot holds the whole state (SGLang's copy of the checkpoint,
+    the source's ring beside it), and decodes on from it."""
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
     from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
     gen = torch.Generator().manual_seed(13)
@@ -267,7 +267,7 @@ def test_gdn_decode_track_copies_the_whole_state(replay_on):
     for layer_id in LAYERS:
         cache = req_pool.mamba2_layer_cache(layer_id)
         hlab.track_mamba_states_if_needed(cache.conv[0], cache.temporal, src, mask, track, 1)
-    assert mp.replay.cursors["count"][:, track].eq(0).all()
+    assert mp.replay.cursors["count"][:, track].eq(2).all()      # the ring travels with the copy
     for layer in range(len(LAYERS)):
         assert rms_ratio(mp.replay.read_state(layer, track), oracle[layer]) < TOL["float32"]
     for _ in range(3):                                     # the track slot decodes on (as a copy-on-write target would)

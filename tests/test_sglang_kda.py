@@ -208,7 +208,8 @@ def test_kda_refusals(server_args):
 
 def test_kda_decode_track_copies_the_whole_state(replay_on):
     """SGLang's extra_buffer decode track (``track_mamba_states_all_layers``) on KDA layers: the track
-    slot holds the whole state (ring folded in, per-channel decays) with an empty ring, and decodes on."""
+    slot holds the whole state (SGLang's copy of the checkpoint, the source's ring beside it; per-channel
+    decays), and decodes on."""
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
     from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
     gen = torch.Generator().manual_seed(23)
@@ -242,7 +243,7 @@ def test_kda_decode_track_copies_the_whole_state(replay_on):
     assert mp.replay.cursors["count"][:, src].eq(2).all()
     mask = torch.ones(1, dtype=torch.bool, device=DEVICE)
     hlab.track_mamba_states_all_layers(mp.mamba_cache.conv[0], mp.mamba_cache.temporal, src, mask, track, 1)
-    assert mp.replay.cursors["count"][:, track].eq(0).all()
+    assert mp.replay.cursors["count"][:, track].eq(2).all()      # the ring travels with the copy
     for layer in range(len(LAYERS)):
         assert rms_ratio(mp.replay.read_state(layer, track), oracle[layer]) < TOL["float32"]
     for _ in range(3):                                     # the track slot decodes on

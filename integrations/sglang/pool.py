@@ -23,8 +23,8 @@ copy of the checkpoint (no flush: the copy holds the source's state as it stands
 | ``extend start`` | an extend about to read ``temporal`` as its rows' initial states (mixer / backend hook): a mixed batch's decode rows ride along as one-token extends | flush |
 | ``extend end`` | the extend (a prefill) wrote ``temporal`` (mixer / backend hook), that layer | refresh |
 | ``transfer`` | PD disaggregation, decode side: a transferred request's first batch (``ScheduleBatch.prepare_for_prebuilt``): the state the prefill server sent | refresh |
-| ``tree donation`` | a finished request's slot donated to the radix tree (``MambaComponent.prepare_for_caching_req``) | flush |
-| ``track source`` / ``track destination`` | extra_buffer's track copy (``track_copy``) | flush / refresh |
+| ``tree donation`` | a request's state cached in the radix tree (``MambaComponent.prepare_for_caching_req``): a finished request's slot, and under extra_buffer the track slot the tree takes | flush |
+| ``track`` | extra_buffer's track copy (``track_copy``): SGLang copies the masked rows' checkpoints to their track slots | copy |
 | ``track extend`` | extra_buffer's extend track wrote the track slots (``_track_mamba_state_extend``) | refresh |
 
 Slot allocation stays SGLang's (``MambaSlotAllocator``); every pool slot is open to the
@@ -61,8 +61,7 @@ EVENTS = {
     "extend end": "refresh",
     "transfer": "refresh",
     "tree donation": "flush",
-    "track source": "flush",
-    "track destination": "refresh",
+    "track": "copy",
     "track extend": "refresh",
 }
 
@@ -255,19 +254,19 @@ def on_event(event: str, owner, indices: torch.Tensor | None, layer: int | None 
     """SGLang's slot ``event`` (an ``EVENTS`` key) on ``owner`` (a ``ReplayMambaPool``): its verb on
     SGLang slot ``indices`` (int32/int64 ``[n]``, distinct), in ``layer`` or every layer, in place.
     ``flush`` / ``refresh``: ``StatePool.flush`` / ``refresh``; ``copy``: ``StatePool.copy`` from
-    ``indices`` (a source may repeat) to ``dst`` (``[n]``, distinct), every layer, the checkpoint
-    left to SGLang's own copy. ``verified``: the verb's ``checked``; None: ``checked(owner.replay)``
-    (unchecked on the Triton backend, where flush and refresh replay from the pool's
-    ``replay_graphs``). Nothing happens for ``owner`` None (not a replay pool) or no ``indices``."""
+    ``indices`` (a source may repeat; -1 padding) to ``dst`` (``[n]``, distinct; -1 where ``indices``
+    is), the checkpoint left to SGLang's own copy. ``verified``: the verb's ``checked``; None:
+    ``checked(owner.replay)`` (unchecked on the Triton backend, where flush and refresh replay from
+    the pool's ``replay_graphs``). Nothing happens for ``owner`` None (not a replay pool) or no ``indices``."""
     if owner is None or indices is None:
         return
     replay, verb = owner.replay, EVENTS[event]
     slots = replay_slots(replay, indices)
     check = checked(replay) if verified is None else verified
     if verb == "copy":
-        if dst is None or layer is not None:
-            raise ValueError(f"{event}: a copy takes dst slots and every layer")
-        replay.copy(slots, replay_slots(replay, dst), checked=check, checkpoint=False)
+        if dst is None:
+            raise ValueError(f"{event}: a copy takes dst slots")
+        replay.copy(slots, replay_slots(replay, dst), checked=check, checkpoint=False, layer=layer)
     elif check:
         getattr(StatePool, verb)(replay, slots, layer=layer, checked=True)
     else:
@@ -318,30 +317,42 @@ def request_slots(req_to_token_pool, reqs) -> torch.Tensor | None:
     return req_to_token_pool.translate_mamba_indices(torch.cat(held)) if held else None
 
 
+def donated_track_slot(req_to_token_pool, req) -> torch.Tensor | None:
+    """The extra_buffer track slot (int64 ``[1]``, translated) whose state the radix tree takes when
+    ``req`` is cached (SGLang's ``get_mamba_ping_pong_keep_idx``), or None. Reads the request's track
+    slots on the host, as SGLang's own caching does."""
+    track = versions.seams().req_track_slots(req)
+    if track is None:
+        return None
+    keep = track[req_to_token_pool.get_mamba_ping_pong_keep_idx(req)].view(1)
+    if int(keep[0]) < 0:
+        return None
+    return req_to_token_pool.translate_mamba_indices(keep)
+
+
 def track_copy(copy, conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size,
                **kwargs):
     """SGLang's extra_buffer track copy (``track_mamba_states_if_needed`` for one layer's
     ``ssm_states`` ``[size + 1, ...]``, or ``track_mamba_states_all_layers`` for the whole
-    ``temporal`` ``[layers, size + 1, ...]``) on a replay pool: the masked source rows' rings are
-    folded into their checkpoints first (the copy then carries the whole state at this token),
-    SGLang's ``copy`` runs, and the destination rows' rings are emptied and read copies re-derived
-    from the copied checkpoint. A state of no replay pool is copied as SGLang does.
+    ``temporal`` ``[layers, size + 1, ...]``) on a replay pool: SGLang's ``copy`` moves the masked
+    rows' checkpoints into their track slots and the pool's copy moves their rings, cursors and read
+    copies beside them, so a track slot holds its source's state at this token as it stands (nothing
+    is flushed or re-encoded). A state of no replay pool is copied as SGLang does.
 
-    The mask stays on the device: a row it leaves out is a padded row (-1) of the flush and refresh,
-    which skip it; on the Triton backend (unchecked verbs) the copy reads no device value, so SGLang's
-    decode CUDA graphs capture it.
+    The mask stays on the device: a row it leaves out is a padded row (-1) of the copy, which skips
+    it; on the Triton backend (an unchecked copy, one launch) the copy reads no device value, so
+    SGLang's decode CUDA graphs capture it.
     """
     found = _track_owner(ssm_states)
     if found is None:
         return copy(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size,
                     **kwargs)
     owner, layer = found
+    result = copy(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size, **kwargs)
     mask = mamba_track_mask[:batch_size].to(torch.bool)
     src, dst = (torch.where(mask, rows[:batch_size].to(torch.int64), -1)
                 for rows in (cache_indices, mamba_track_indices))
-    on_event("track source", owner, src, layer)
-    result = copy(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size, **kwargs)
-    on_event("track destination", owner, dst, layer)
+    on_event("track", owner, src, layer, dst=dst)
     return result
 
 
