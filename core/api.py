@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .pool import StatePool
-from .validate import LAYER_INPUTS, check_inputs, check_slot_tensor, check_tensor
+from .validate import L2NORMS, LAYER_INPUTS, check_inputs, check_slot_tensor, check_tensor
 
 
 def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bool, checked: bool) -> torch.Tensor:
@@ -103,9 +103,6 @@ def verify(pool: StatePool, layer: int, slots: torch.Tensor, *, out: torch.Tenso
     ``checked`` as in :func:`decode`.
     """
     return _run(pool, layer, slots, inputs, out, is_verify=True, checked=checked)
-
-
-L2NORMS = ("sglang", "fla", None)
 
 
 def gating(pool: StatePool, *, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor,

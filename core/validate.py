@@ -9,6 +9,8 @@ from .spec import LayerSpec, ReplayConfig
 MAMBA2_INPUTS = ("x", "dt", "A", "B", "C", "D", "dt_bias", "z")
 DELTA_INPUTS = ("q", "k", "v", "g", "beta", "scale", "q_scale")
 LAYER_INPUTS = ("A", "D", "dt_bias", "scale")  # per layer, no row axis
+# the L2 normalisations ``replayssm.gating`` takes (None: q and k arrive normalised)
+L2NORMS = ("sglang", "fla", None)
 
 
 def check_tensor(name: str, t, shape: tuple[int, ...], device: torch.device, dtype=None,

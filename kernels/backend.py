@@ -6,6 +6,7 @@ import torch
 import triton
 
 from replayssm.kernels import backend_reference, ops
+from replayssm.validate import L2NORMS
 from replayssm.kernels.formats.codes import CKPT_CODES, READ_CODES
 
 supports_unchecked = True
@@ -134,7 +135,8 @@ def commit(cursors: dict, slots: torch.Tensor, num_accepted: torch.Tensor) -> No
 fold_committed = backend_reference.fold_committed
 
 
-_L2NORM_CODES = {None: 0, "sglang": 1, "fla": 2}
+# the gating kernel's NORM codes of replayssm.validate.L2NORMS
+_L2NORM_CODES = dict(zip(L2NORMS, (1, 2, 0)))
 
 
 def gating(pool, *, q, k, a, b, A_log, dt_bias, lower_bound, beta_round, l2norm, softplus_beta,

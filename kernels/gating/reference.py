@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from replayssm.validate import L2NORMS
+
 
 def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
     """The correctly rounded fp32 square root of fp32 ``x`` (through fp64, which rounds it right; some
@@ -50,8 +52,8 @@ def gating_ref(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tenso
         ``dict(q_scale [N, HK] fp32, k [N, HK, K] ring_dtype, g [N, HV] or [N, HV, K] fp32,
         beta [N, HV] fp32)``, without q_scale when ``l2norm`` is None.
     """
-    if l2norm not in ("sglang", "fla", None):
-        raise ValueError(f"l2norm: expected 'sglang', 'fla' or None, got {l2norm!r}")
+    if l2norm not in L2NORMS:
+        raise ValueError(f"l2norm: expected one of {L2NORMS}, got {l2norm!r}")
     made = {}
     if l2norm is None:
         k_n = k.float().to(ring_dtype)
