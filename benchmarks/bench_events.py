@@ -23,6 +23,14 @@ per event), and the copy of one slot into another as the SGLang pool makes it
 (``StatePool.copy(checked=False, checkpoint=False)``: ring, cursors and read copy, every layer at
 once; SGLang copies the checkpoint itself) beside the flush and refresh a copy took before.
 
+``--track-batch B`` adds the decode track copy of SGLang's extra_buffer (``track_mamba_states_all_layers``,
+inside SGLang's decode CUDA graph) over ``--pool-layers`` layers (default 1): a batch of ``B`` rows
+of which 0, 1 or ``B / 16`` are tracked, the others masked out as padded rows, each captured in a
+CUDA graph and replayed; the copy the pool makes (``StatePool.copy(checked=False, checkpoint=False)``:
+rings, cursors and read copies, one launch) against what the track did before (a flush of the tracked
+sources, then a refresh of their track slots). Both graphs first restore the sources' ring counts,
+so every replay's flush has the same entries to fold.
+
 Times are medians of ``triton.testing.do_bench`` (milliseconds, launches included: a prefill runs
 them outside CUDA graphs). GB/s counts the checkpoint bytes read and the read-copy bytes written
 (none without a read copy: the refresh then only empties the rings).
@@ -49,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                  "then find their kernels compiled)")
     ap.add_argument("--pool-layers", type=int, default=0,
                     help="also time one slot's flush and refresh over this many layers, eager and through VerbGraphs")
+    ap.add_argument("--track-batch", type=int, default=0,
+                    help="also time the decode track copy of a batch of this many rows (CUDA graphs)")
     ap.add_argument("--json", default=None, help="write the rows (and the run's versions) here")
     args = ap.parse_args(argv)
     if min(args.rows) < 1:
@@ -121,13 +131,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"{t_refresh:8.3f} {'' if gbps is None else f'{gbps:7.0f}':>7s} "
                       f"{'' if t_torch is None else f'{t_torch:8.3f}':>8s} {t_floor:7.3f}", flush=True)
     pool_rows = pool_events(args, dev) if args.pool_layers > 0 else []
+    track_rows = track_events(args, dev, graph_bench) if args.track_batch > 0 else []
     if args.json:
         import importlib.metadata as md
         meta = dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                     triton=triton.__version__, replayssm=md.version("replayssm"),
                     commit=os.environ.get("REPLAYSSM_COMMIT", "unknown"), window=WINDOW)
         with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows_out, pool_events=pool_rows), f, indent=1)
+            json.dump(dict(meta=meta, rows=rows_out, pool_events=pool_rows, track_events=track_rows), f, indent=1)
             f.write("\n")
     return 0
 
@@ -174,6 +185,77 @@ def pool_events(args, dev: str) -> list[dict]:
             out.append(dict(model=name, read_format=fmt, layout=layout, layers=L, **{k + "_ms": v for k, v in t.items()}))
             print(f"{name:12s} {fmt:10s} {L:6d} {t['flush']:8.3f} {t['flush_graphed']:8.3f} {t['refresh']:8.3f} "
                   f"{t['refresh_graphed']:8.3f} {t['copy']:8.3f}", flush=True)
+    return out
+
+
+def graph_bench(fn) -> float:
+    """``fn`` captured in a CUDA graph, its replay's median time (ms)."""
+    import torch
+    from triton.testing import do_bench
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                  # warm up (compiles) outside the capture
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay, warmup=10, rep=100, return_mode="median")
+
+
+def track_events(args, dev: str, bench) -> list[dict]:
+    """The decode track copy of one step over ``args.pool_layers`` layers (at least 1): ms per step
+    (``bench(fn)``) of the pool's copy and of the flush and refresh it replaced, for 0, 1 and
+    ``batch / 16`` tracked rows of ``args.track_batch``."""
+    import torch
+
+    import replayssm as rs
+    from shapes import MODEL_SPECS, WINDOW
+
+    out, B = [], args.track_batch
+    L = max(1, args.pool_layers)
+    print(f"\n{'model':12s} {'read':10s} {'layers':>6s} {'batch':>5s} {'tracked':>7s} {'copy':>8s} "
+          f"{'flush+refresh':>13s}   (ms per decode step, CUDA graphs)", flush=True)
+    for name in args.models:
+        spec = MODEL_SPECS[name]
+        layout = "vk" if spec.is_delta else "kv"
+        for fmt in args.formats:
+            cfg = rs.ReplayConfig(window=WINDOW, read_format=fmt, ring_dtype="bfloat16")
+            S = 2 * B                                       # the batch's slots and their track slots
+            shape = (L, S, *spec.state_shape[:-2], *spec.state_shape[-2:][::-1]) if layout == "vk" else \
+                (L, S, *spec.state_shape)
+            gen = torch.Generator(device=dev).manual_seed(B)
+            pool = rs.StatePool(spec, cfg, num_layers=L, num_slots=S, device=dev, backend="triton",
+                                checkpoint=torch.randn(shape, device=dev, generator=gen) * 0.1, state_layout=layout)
+            pool.allocated.fill_(True)
+            for buf in pool.ring.values():                  # entries to fold (a flush of zeros costs the same)
+                buf.copy_(torch.randn(buf.shape, device=dev, generator=gen).to(buf.dtype) * 0.1)
+            if spec.family == "mamba2":
+                for layer in range(L):
+                    pool.layer_A[layer] = -torch.rand(spec.num_heads, device=dev, generator=gen) - 0.5
+            count = pool.cursors["count"]
+            count[:, :B] = WINDOW // 2                       # the sources' rings hold half a window
+            saved = count.clone()
+            src, dst = torch.arange(B, device=dev), torch.arange(B, S, device=dev)
+            for tracked in sorted({0, 1, B // 16}):
+                mask = torch.zeros(B, dtype=torch.bool, device=dev)
+                mask[torch.randperm(B, device=dev, generator=gen)[:tracked]] = True
+                s, d = (torch.where(mask, rows, -1) for rows in (src, dst))
+
+                def copy():
+                    count.copy_(saved)
+                    pool.copy(s, d, checked=False, checkpoint=False)
+
+                def fold():
+                    count.copy_(saved)
+                    pool.flush(s, checked=False)
+                    pool.refresh(d, checked=False)
+
+                t_copy, t_fold = bench(copy), bench(fold)
+                out.append(dict(model=name, read_format=fmt, layout=layout, layers=L, batch=B, tracked=tracked,
+                                copy_ms=t_copy, flush_refresh_ms=t_fold))
+                print(f"{name:12s} {fmt:10s} {L:6d} {B:5d} {tracked:7d} {t_copy:8.3f} {t_fold:13.3f}", flush=True)
     return out
 
 
