@@ -201,19 +201,30 @@ def test_track_slot_enters_the_tree_and_serves_a_match(track_args, replay_backen
     assert req_pool.mamba_allocator.available_size() == free_before + 1 + req_pool.mamba_initial_tracking_slots
 
 
-def test_verify_commits_track_the_interval_crossing_state(extra_buffer_args, replay_on):
+def test_verify_commits_track_the_interval_crossing_state(extra_buffer_args, replay_backend, monkeypatch):
     """extra_buffer with speculative decoding: chains of T = 3 drafts verified and committed through
     SGLang's ``commit_mamba_states_after_verify``, which picks the step where the accepted tokens
     cross a track interval (``_verify_commit_step_indices``) and calls the backend's commit (replay's
-    hook): the track slot then holds the whole state at the interval's last token, flushed."""
+    hook): the track slot then holds the whole state at the interval's last token, flushed. On the
+    Triton backend replay's track commit reads no device value, at a crossing or not."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.managers.schedule_batch import set_mamba_track_indices_from_reqs
     from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
     from sglang.srt.speculative.spec_utils import commit_mamba_states_after_verify
     from test_sglang_replay import _backends
 
+    from replayssm.integrations.sglang import mamba2
+    replay_on, backend = replay_backend
+    watched, commit_track = [], mamba2.commit_track
+
+    def commit_watched(*args):
+        with HostReads() as reads:
+            commit_track(*args)
+        watched.append(reads.found)
+    monkeypatch.setattr(mamba2, "commit_track", commit_watched)
     req_pool, cache = _pools(draft_tokens=3)
     mp = req_pool.mamba_pool
+    assert mp.replay.backend == backend
     run = Run(req_pool, replay_on, torch.Generator().manual_seed(10))
     model_config = ModelConfig.from_server_args(extra_buffer_args)
     attn, _ = _backends(req_pool, extra_buffer_args, model_config)
@@ -258,5 +269,8 @@ def test_verify_commits_track_the_interval_crossing_state(extra_buffer_args, rep
         run.accept_oracle(slot, torch.tensor([accepted]), kept)
         seq_len += accepted
     assert tracked == [8, 16] and seq_len == 23
+    assert len(watched) == 7                               # every verify's commit, a crossing or not
+    if backend == "triton":
+        assert watched == [[]] * 7, watched
     assert run.state_error(slot) < TOL["float32"]
     run.assert_ring_matches_twin()

@@ -239,8 +239,8 @@ def test_dry_run_extra_buffer(environ, capsys, gpu_platform, MODEL):
 
 
 def test_dry_run_extra_buffer_with_speculative_decoding(environ, capsys, gpu_platform, MODEL):
-    """Replay's commit moves SGLang's track slots too (``mamba2.commit_after_verify``, which reads the
-    tracked steps on the host: no CUDA graphs)."""
+    """Replay's commit moves SGLang's track slots too (``mamba2.commit_track``); speculative decoding
+    under extra_buffer has not been served with CUDA graphs or the overlap scheduler: both off."""
     strategy = ["--mamba-radix-cache-strategy", "extra_buffer"]
     out = _dry_run(capsys, ["--replay-ssm"] + MODEL + SPEC + strategy)
     assert out["replay"]["max_draft_tokens"] == 3

@@ -128,12 +128,12 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
         strategy = "no_buffer"
     if (strategy == "no_buffer" or strategy == "extra_buffer" and speculative) \
             and "--disable-overlap-schedule" not in rest:
-        # SGLang's no_buffer needs it; extra_buffer's verify commit (mamba2.commit_after_verify) reads
-        # the tracked steps on the host, not verified under the overlap scheduler's lookahead
+        # SGLang's no_buffer needs it; extra_buffer's verify track commit (mamba2.commit_track) has
+        # not been served under the overlap scheduler's lookahead
         sglang_args += ["--disable-overlap-schedule"]
     if strategy == "extra_buffer" and speculative and "--disable-cuda-graph" not in rest:
-        # the decode's track copy keeps its row mask on the device (graph-safe); the verify's track
-        # commit reads the tracked steps on the host
+        # the decode's and the verify's track copies keep their row masks on the device, but no
+        # server has run speculative decoding under extra_buffer with CUDA graphs
         sglang_args += ["--disable-cuda-graph"]
     for phase in ("decode", "verify"):                          # GDN / KDA: replay replaces the triton kernels
         flag = f"--linear-attn-{phase}-backend"

@@ -80,11 +80,8 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_
     verified tokens of every layer by moving the cursors (``StatePool.commit``).
 
     extra_buffer: ``mamba_track_indices`` (virtual track slots ``[bs]``) and ``mamba_steps_to_track``
-    (``[bs]``, the verify step whose state a row's track slot takes, -1 for none). A tracked row's
-    slot is copied into its track slot with the verify still pending (``StatePool.copy``), the copy
-    keeps the first ``step + 1`` tokens (commit) and is flushed, so the track slot holds the whole
-    state at that token, as SGLang's scatter of ``intermediate_ssm[row, step]`` would; its conv
-    window is SGLang's scatter. Reads the steps on the host (a synchronization on a GPU).
+    (``[bs]``, the verify step whose state a row's track slot takes, -1 for none): ``commit_track``;
+    the track slot's conv window is SGLang's scatter.
     """
     seams = versions.seams()
     linear = backend.linear_attn_backend
@@ -103,16 +100,33 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor, mamba_
         track = linear._translate_mamba_indices(mamba_track_indices)
         track_args = (track, mamba_steps_to_track)
         scatters.append(track_args)
-        steps = mamba_steps_to_track[:n].cpu().to(torch.int64)
-        rows = (steps >= 0).nonzero().flatten()
-        if rows.numel():
-            dst = replay_pool.replay_slots(pool, track[:n].cpu()[rows])
-            pool.copy(replay_pool.replay_slots(pool, slots[:n].cpu()[rows]), dst)
-            pool.commit(dst, (steps[rows] + 1).to(pool.device), checked=ck)
-            pool.flush(dst, checked=ck)
+        commit_track(owner, replay_pool.replay_slots(pool, slots[:n]), replay_pool.replay_slots(pool, track[:n]),
+                     mamba_steps_to_track[:n])
     for conv, window in zip(caches.conv, caches.intermediate_conv_window):
         for dst_slots, dst_steps in scatters:
             seams.scatter_conv_window(conv, window, dst_slots, dst_steps, src_rows)
     seams.commit_side_states(backend, slots, last_correct_step_indices, track_args, src_rows)
     pool.commit(replay_pool.replay_slots(pool, slots), last_correct_step_indices + 1, checked=ck)
     return True
+
+
+def commit_track(owner, slots: torch.Tensor, track: torch.Tensor, steps: torch.Tensor) -> None:
+    """extra_buffer's verify track on ``owner`` (a ``ReplayMambaPool``), before the rows' own commit:
+    the slot of each row with ``steps >= 0`` is copied into its track slot with the verify still
+    pending (``StatePool.copy``, the checkpoint included), the copy keeps the first ``step + 1``
+    tokens (commit) and is flushed, so the track slot holds the whole state at that token, as
+    SGLang's scatter of ``intermediate_ssm[row, step]`` would.
+
+    ``slots``, ``track``: int64 ``[n]`` pool slots; ``steps``: int ``[n]``, -1 for a row not tracked,
+    which is a padded row of the copy, commit and flush. On the Triton backend nothing is read on the
+    host (the flush replays from the pool's ``replay_graphs``)."""
+    pool, ck = owner.replay, replay_pool.checked(owner.replay)
+    steps = steps.to(device=pool.device, dtype=torch.int64)
+    tracked = steps >= 0
+    src, dst = (torch.where(tracked, rows, -1) for rows in (slots, track))
+    pool.copy(src, dst, checked=ck)
+    pool.commit(dst, torch.where(tracked, steps + 1, 0), checked=ck)
+    if ck:
+        pool.flush(dst, checked=True)
+    else:
+        owner.replay_graphs("flush", dst)
