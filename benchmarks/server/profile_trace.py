@@ -23,7 +23,7 @@ import re
 
 # (group, pattern on the kernel name), first match wins
 GROUPS = [
-    ("replayssm", re.compile(r"^_(delta|mamba2)_|_refresh_read_copy|_store_checkpoint|^_(advance|commit)_")),
+    ("replayssm", re.compile(r"^_(delta|mamba2)_|_refresh_read_copy|_store_checkpoint|^_(advance|commit|copy_slots)_")),
     ("sglang ssm", re.compile(r"recurrent|replayssm|gated_delta|kda|selective_state|ssd_|chunk_|mamba")),
     ("conv1d", re.compile(r"conv1d|causal_conv")),
     ("attention", re.compile(r"attn|attention|flash|_fwd_kernel|decode_kernel|mla")),
