@@ -162,6 +162,9 @@ for _fam in ("mamba2", "delta"):
     _tile = ops.TILES[_fam]["verify"]
     CANDIDATES[_fam]["verify"] += [dict(_tile, tokens=n) for n in (2, 8, 16) if n != _tile.get("tokens", 2)]
 CANDIDATES["delta"]["decode_vk"] += [dict(ops.TILES["kda"]["decode_vk"], fold_stages=fs) for fs in (4, 1, 2, 3)]
+# the GDN non-flush step behind NVFP4 takes 254 registers, one warp per program: capped (ptxas: 132 bytes
+# spilled at 168)
+CANDIDATES["delta"]["read"] += [dict(ops.TILES["delta"]["read"], maxnreg=168)]
 # the replay behind a read copy on a [S, HV, V, K] checkpoint: the family's tile in use, its key runs (0: the
 # [K, BV] tile, whose lanes all lie along K), then one change at a time from the tile, and the encode's row
 # maxima taken over the tile (rows_from_blocks=False); built in sweep() around the family's own entry
@@ -172,9 +175,18 @@ def vk_candidates(kind: str, tile: dict) -> list[dict]:
     if kind == "flush_replay_vk":
         return [dict(tile), dict(tile, key_runs=0), dict(tile, key_runs=16), dict(tile, key_runs=64),
                 dict(tile, rows=32, num_warps=2), dict(tile, rows=32), dict(tile, stages=1), dict(tile, stages=3),
-                dict(tile, row_programs=16), dict(tile, rows_from_blocks=False)]
+                dict(tile, row_programs=16), dict(tile, rows_from_blocks=False), *register_caps(tile)]
     return [dict(tile), dict(tile, key_runs=0), dict(tile, key_runs=16), dict(tile, rows=32, num_warps=2),
-            dict(tile, row_programs=4), dict(tile, rows_from_blocks=False)]
+            dict(tile, row_programs=4), dict(tile, rows_from_blocks=False), *register_caps(tile)]
+
+
+def register_caps(tile: dict) -> list[dict]:
+    """The tile with its registers per thread capped (``maxnreg``), so that more of its warps fit an
+    SM: the flush pass behind an NVFP4 read copy takes 255 registers (8 one-warp programs per SM,
+    each replaying a chain of dependent entries). By ptxas (Triton 3.6, sm_90a) at a decode's flush
+    pass on [S, HV, V, K]: Qwen3.5 spills 4 bytes at 168 registers and 112 at 128; Kimi-Linear 24
+    and 172."""
+    return [dict(tile, maxnreg=cap) for cap in (168, 128)]
 
 
 # the _vk kinds whose first row is the same step on a [S, HV, K, V] checkpoint at the kv kind's tile in use

@@ -151,8 +151,8 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
                 **_strides(C, "cc_r", "cc_t", "cc_g"), z=zz, **_strides(zz, "z_r", "z_t", "z_h"), out=out,
                 **_strides(out, "o_r", "o_t", "o_h"), window=window, capacity=C_cap, sr_base=sr_base)
     return [Launch.by_name("mamba2_step", kernel, (triton.cdiv(P, BP), H, z), n, dict(args, n=n) if fp else args,
-                           {**c, "BP": BP}, nw, fp)
-            for kernel, BP, z, c, nw, fp in passes("mamba2", T, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
+                           {**c, "BP": BP}, nw, fp, maxnreg=mr)
+            for kernel, BP, z, c, nw, fp, mr in passes("mamba2", T, N, P, (_mamba2_decode_kernel, _mamba2_verify_kernel,
                                                                          _mamba2_flush_kernel), const)]
 
 
@@ -234,8 +234,8 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
                 **_strides(g, "g_r", "g_t", "g_h"), beta=beta, **_strides(beta, "be_r", "be_t"), out=out,
                 **_strides(out, "o_r", "o_t", "o_h"), scale=scale, window=window, capacity=C_cap, sr_base=sr_base)
     return [Launch.by_name("delta_step", kernel, (triton.cdiv(V, BV), HV, z), n, dict(args, n=n) if fp else args,
-                           {**c, "BV": BV}, nw, fp)
-            for kernel, BV, z, c, nw, fp in passes("kda" if per_channel else "delta", T, K, V,
+                           {**c, "BV": BV}, nw, fp, maxnreg=mr)
+            for kernel, BV, z, c, nw, fp, mr in passes("kda" if per_channel else "delta", T, K, V,
                                                  (_delta_decode_kernel, _delta_verify_kernel, _delta_flush_kernel),
                                                  const, vk=checkpoint.stride(-2) == 1 and K > 1)]
 

@@ -31,8 +31,8 @@ FLUSH_SCAN_ROWS = 128
 
 def passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dict,
            vk: bool = False) -> list[tuple]:
-    """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass)
-    of the two passes of a step (of the flush pass alone for ``T = 0``: a flush-only launch,
+    """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass,
+    register cap or None) of the two passes of a step (of the flush pass alone for ``T = 0``: a flush-only launch,
     ``StatePool.flush`` on the device; of the decode or verify kernel alone for a step on the
     checkpoint, which folds its flush rows too, unless its tile says ``fold=False``). The grid is
     (row tiles, heads, last): ``"n"`` (a program per row) for the non-flush passes, ``ROW_PROGRAMS``
@@ -97,14 +97,14 @@ _CONSTEXPR_KEYS = (("CHUNK", "CHUNK"), ("CODES_PER_WORD", "CODES_PER_WORD"), ("C
 
 
 def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
-    """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass)
-    of (kernel, tile, flush pass)."""
+    """(kernel, rows per program, the grid's last dimension, constexprs, warps, is the flush pass,
+    register cap or None) of (kernel, tile, flush pass)."""
     out = []
     for kernel, tile, flush_pass in plan:
         block = min(tile["rows"], max(16, triton.next_power_of_2(rows)))
         extra = {k: tile[t] for k, t in _CONSTEXPR_KEYS if t in tile}
         out.append((kernel, block, tile["ROW_PROGRAMS"] if flush_pass else "n", {**const, **extra}, tile["num_warps"],
-                    flush_pass))
+                    flush_pass, tile.get("maxnreg")))
     return out
 
 
@@ -112,7 +112,7 @@ def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:
 class Launch:
     """One kernel launch: the Triton function, its grid (``"n"`` = rows), arguments in kernel order
     (without constexprs; ``by_name`` orders them from the kernel's parameter names), constexprs,
-    warps, and whether it is the step's flush pass. The torch ops run it, passing the arguments by
+    warps, whether it is the step's flush pass, and the tile's register cap (``maxnreg``, or None). The torch ops run it, passing the arguments by
     name; the TensorRT AOT path compiles the same function with the same arguments."""
 
     op: str
@@ -123,17 +123,23 @@ class Launch:
     constexprs: dict
     num_warps: int
     flush_pass: bool
+    maxnreg: int | None = None
 
     @classmethod
     def by_name(cls, op: str, kernel, grid: tuple, n: int, args: dict, constexprs: dict, num_warps: int,
-                flush_pass: bool) -> "Launch":
+                flush_pass: bool, maxnreg: int | None = None) -> "Launch":
         """The launch of ``args`` named by the kernel's parameters (ValueError unless they are its
         runtime parameters, every one), in kernel order."""
         names = runtime_parameters(kernel, constexprs)
         if set(args) != set(names):
             raise ValueError(f"{kernel.__name__}: arguments {sorted(set(args) - set(names))} are no runtime "
                              f"parameters, {sorted(set(names) - set(args))} are missing")
-        return cls(op, kernel, grid, n, [args[a] for a in names], constexprs, num_warps, flush_pass)
+        return cls(op, kernel, grid, n, [args[a] for a in names], constexprs, num_warps, flush_pass, maxnreg)
+
+    def options(self) -> dict:
+        """The launch's compile options: ``num_warps``, and ``maxnreg`` where the tile caps the
+        registers per thread."""
+        return dict(num_warps=self.num_warps, **({} if self.maxnreg is None else dict(maxnreg=self.maxnreg)))
 
     def kwargs(self) -> dict:
         """The runtime arguments by parameter name."""
@@ -148,9 +154,9 @@ def runtime_parameters(kernel, constexprs: dict) -> list[str]:
 def launch(plan: list[Launch]) -> None:
     """Run launches in order (first launch of each variant is logged)."""
     for lc in plan:
-        _log_first((lc.op, tuple(sorted(lc.constexprs.items()))))
+        _log_first((lc.op, tuple(sorted(lc.constexprs.items())), lc.maxnreg))
         grid = tuple(lc.n if d == "n" else d for d in lc.grid)
-        lc.kernel[grid](**lc.kwargs(), num_warps=lc.num_warps, **lc.constexprs)
+        lc.kernel[grid](**lc.kwargs(), **lc.options(), **lc.constexprs)
 
 
 def _log_first(key) -> None:

@@ -28,7 +28,8 @@ channels, value rows across the lanes, kept in that shape through the replay, so
 reduction over K stays mostly within a thread on a ``[S, HV, V, K]`` checkpoint; default 0, one
 ``[K, BV]`` tile); ``fold=False`` (sweeps and tests only: a step on the checkpoint takes the flush
 pass instead); ``heads`` (``gating``: value heads per program, a power of two, 0 for all of a
-token's heads).
+token's heads); ``maxnreg`` (registers per thread the compiler may use, Triton's launch option;
+default uncapped: a cap buys warps per SM at the price of spills).
 """
 
 TILES = {

@@ -531,6 +531,51 @@ def test_vk_read_copy_passes_match_kv_and_reference(dims, family, read_format, c
     assert rms_ratio(pools["vk"].ring["d"], pools["reference"].ring["d"]) < tol
 
 
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_a_register_cap_changes_no_bit(family, monkeypatch):
+    """A tile's ``maxnreg`` (registers per thread) reaches the launch of its pass and changes no bit:
+    behind an NVFP4 read copy on a ``[S, HV, V, K]`` checkpoint, decodes with flush rows, verifies and
+    commits give the same outputs and buffers with every step tile capped at 168 registers as with
+    the tiles in use (on a GPU, at the model's dims: the capped kernels compile otherwise)."""
+    spec = MODEL_SPECS["qwen3.5" if family == "gdn" else "kimi-linear"] if CUDA else \
+        getattr(rs.LayerSpec, family)(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=20)
+    cfg = rs.ReplayConfig(window=4, max_draft_tokens=2, read_format="nvfp4", seed=5)
+    launched = []
+    monkeypatch.setattr(plan, "_log_first", launched.append)
+    gen = torch.Generator().manual_seed(31)
+    params = Params(spec, 1, gen)
+    steps = []
+    for step in range(2 * cfg.window + 1):
+        T = 2 + step % 2 if step % 3 == 2 else None
+        steps.append((T, make_inputs(spec, params, 0, 3, T, gen, device=DEVICE),
+                      torch.randint(1, (T or 1) + 1, (3,), generator=gen)))
+    results = []
+    for cap in (None, 168):
+        table = ops.TILES["kda" if family == "kda" else "delta"]
+        for kind in ("decode", "decode_vk", "read", "read_fp8", "verify", "verify_read", "flush", "flush_vk",
+                     "flush_replay", "flush_replay_vk", "verify_flush", "verify_flush_vk"):
+            if cap is not None and kind in table:
+                monkeypatch.setitem(table, kind, dict(table[kind], maxnreg=cap))
+        storage = torch.zeros(1, 4, spec.num_v_heads, spec.head_v_dim, spec.head_k_dim, device=DEVICE)
+        pool = rs.StatePool(spec, cfg, num_layers=1, num_slots=4, device=DEVICE, backend="triton",
+                            checkpoint=storage, state_layout="vk")
+        slots = pool.alloc(3)
+        launched.clear()
+        ys = []
+        for T, inp, acc in steps:
+            ys.append((rs.decode if T is None else rs.verify)(pool, 0, slots, **inp))
+            if T is not None:
+                pool.commit(slots, acc.clamp(max=T))
+        assert {key[-1] for key in launched} == {cap}, launched
+        results.append((ys, {name: b.contiguous().clone() for name, b in
+                             (("checkpoint", pool.checkpoint), *pool.read.items(), *pool.ring.items(),
+                              *pool.cursors.items())}))
+    (ys_a, bufs_a), (ys_b, bufs_b) = results
+    assert all(torch.equal(a, b) for a, b in zip(ys_a, ys_b))
+    for name in bufs_a:
+        assert torch.equal(bufs_a[name].view(torch.uint8), bufs_b[name].view(torch.uint8)), name
+
+
 @pytest.mark.parametrize("read_format", ["checkpoint", "nvfp4"])
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 def test_q_scale_equals_a_scaled_q(family, read_format):

@@ -64,7 +64,7 @@ driver.set_active(Sm90Driver())
 def jit_ptx(lc):
     lc.kernel.device_caches = defaultdict(lc.kernel.create_binder)
     grid = tuple(lc.n if d == "n" else d for d in lc.grid)
-    return lc.kernel.warmup(*lc.args, grid=grid, num_warps=lc.num_warps, **lc.constexprs).asm["ptx"]
+    return lc.kernel.warmup(*lc.args, grid=grid, **lc.options(), **lc.constexprs).asm["ptx"]
 
 
 def split(ptx, name):  # (PTX without the entry's parameter declarations, the declarations sorted)

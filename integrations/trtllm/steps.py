@@ -269,7 +269,7 @@ def jit_specialization(lc, arch: str, *, dynamic: tuple = (), replace: dict | No
         raise ValueError(f"{kernel.__name__}: no runtime parameters {sorted(unknown)}")
     args = [(replace or {}).get(k, v) for k, v in zip(names, lc.args)]
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    kwargs = dict(lc.constexprs, num_warps=lc.num_warps, debug=kernel.debug or knobs.runtime.debug,
+    kwargs = dict(lc.constexprs, **lc.options(), debug=kernel.debug or knobs.runtime.debug,
                   instrumentation_mode=knobs.compilation.instrumentation_mode)
     bound, specialization, options = binder(*args, **kwargs)
     for i, name in enumerate(kernel.arg_names):
