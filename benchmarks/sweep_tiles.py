@@ -185,8 +185,11 @@ def register_caps(tile: dict) -> list[dict]:
     SM: the flush pass behind an NVFP4 read copy takes 255 registers (8 one-warp programs per SM,
     each replaying a chain of dependent entries). By ptxas (Triton 3.6, sm_90a) at a decode's flush
     pass on [S, HV, V, K]: Qwen3.5 spills 4 bytes at 168 registers and 112 at 128; Kimi-Linear 24
-    and 172."""
-    return [dict(tile, maxnreg=cap) for cap in (168, 128)]
+    and 172. At 4 row programs a flush of every row has 8 x 32 x 4 = 1024 programs (V / 16 tiles,
+    32 heads) for 132 SMs, fewer than the 8 per SM the registers allow already, so the cap is also
+    tried with 8 and 16 row programs."""
+    caps = [dict(tile, maxnreg=cap) for cap in (168, 128)]
+    return caps + [dict(tile, maxnreg=168, row_programs=rp) for rp in (8, 16) if rp > tile["row_programs"]]
 
 
 # the _vk kinds whose first row is the same step on a [S, HV, K, V] checkpoint at the kv kind's tile in use
