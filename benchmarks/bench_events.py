@@ -97,15 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = rs.ReplayConfig(window=WINDOW, read_format=fmt, ring_dtype="bfloat16")
             for n in args.rows:
                 S = 2 * n
-                shape = (1, S, *spec.state_shape[:-2], *spec.state_shape[-2:][::-1]) if layout == "vk" else \
-                    (1, S, *spec.state_shape)
                 gen = torch.Generator(device=dev).manual_seed(n)
-                ckpt = torch.randn(shape, device=dev, generator=gen) * 0.1   # as a prefill wrote it
-                pool = rs.StatePool(spec, cfg, num_layers=1, num_slots=S, device=dev, backend="triton",
-                                    checkpoint=ckpt, state_layout=layout)
-                pool.allocated.fill_(True)
-                if spec.family == "mamba2":   # a layer that has stepped (a flush folds with its A)
-                    pool.layer_A[0] = -torch.rand(spec.num_heads, device=dev, generator=gen) - 0.5
+                pool = host_pool(spec, cfg, 1, S, dev, gen)
                 slots = torch.randperm(S, device=dev, generator=gen)[:n]
                 flush = lambda: pool.flush(slots, layer=0, checked=False)          # noqa: E731
                 refresh = lambda: pool.refresh(slots, layer=0, checked=False)      # noqa: E731
@@ -143,6 +136,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def host_pool(spec, cfg, layers: int, slots: int, dev: str, gen):
+    """A triton-backend pool over a host's checkpoint (Mamba-2 ``[L, S, H, P, N]``, GDN / KDA
+    ``[L, S, HV, V, K]``) of random states, as a prefill wrote them, every slot allocated; a Mamba-2
+    layer has stepped (a flush folds with its ``A``)."""
+    import torch
+
+    import replayssm as rs
+
+    layout = "vk" if spec.is_delta else "kv"
+    inner = (*spec.state_shape[:-2], *spec.state_shape[-2:][::-1]) if layout == "vk" else spec.state_shape
+    pool = rs.StatePool(spec, cfg, num_layers=layers, num_slots=slots, device=dev, backend="triton",
+                        checkpoint=torch.randn(layers, slots, *inner, device=dev, generator=gen) * 0.1,
+                        state_layout=layout)
+    pool.allocated.fill_(True)
+    if spec.family == "mamba2":
+        for layer in range(layers):
+            pool.layer_A[layer] = -torch.rand(spec.num_heads, device=dev, generator=gen) - 0.5
+    return pool
+
+
 def pool_events(args, dev: str) -> list[dict]:
     """One slot's flush and refresh over ``args.pool_layers`` layers with entries in its rings,
     eager and through ``VerbGraphs``, and one slot's copy (side buffers, every layer); ms per event
@@ -163,15 +176,8 @@ def pool_events(args, dev: str) -> list[dict]:
         for fmt in args.formats:
             cfg = rs.ReplayConfig(window=WINDOW, read_format=fmt, ring_dtype="bfloat16")
             L, S = args.pool_layers, 8
-            shape = (L, S, *spec.state_shape[:-2], *spec.state_shape[-2:][::-1]) if layout == "vk" else \
-                (L, S, *spec.state_shape)
             gen = torch.Generator(device=dev).manual_seed(L)
-            pool = rs.StatePool(spec, cfg, num_layers=L, num_slots=S, device=dev, backend="triton",
-                                checkpoint=torch.randn(shape, device=dev, generator=gen) * 0.1, state_layout=layout)
-            pool.allocated.fill_(True)
-            if spec.family == "mamba2":
-                for layer in range(L):
-                    pool.layer_A[layer] = -torch.rand(spec.num_heads, device=dev, generator=gen) - 0.5
+            pool = host_pool(spec, cfg, L, S, dev, gen)
             graphs = VerbGraphs(pool)
             slot = torch.tensor([3], device=dev)
             t = {}
@@ -223,17 +229,10 @@ def track_events(args, dev: str, bench) -> list[dict]:
         for fmt in args.formats:
             cfg = rs.ReplayConfig(window=WINDOW, read_format=fmt, ring_dtype="bfloat16")
             S = 2 * B                                       # the batch's slots and their track slots
-            shape = (L, S, *spec.state_shape[:-2], *spec.state_shape[-2:][::-1]) if layout == "vk" else \
-                (L, S, *spec.state_shape)
             gen = torch.Generator(device=dev).manual_seed(B)
-            pool = rs.StatePool(spec, cfg, num_layers=L, num_slots=S, device=dev, backend="triton",
-                                checkpoint=torch.randn(shape, device=dev, generator=gen) * 0.1, state_layout=layout)
-            pool.allocated.fill_(True)
+            pool = host_pool(spec, cfg, L, S, dev, gen)
             for buf in pool.ring.values():                  # entries to fold (a flush of zeros costs the same)
                 buf.copy_(torch.randn(buf.shape, device=dev, generator=gen).to(buf.dtype) * 0.1)
-            if spec.family == "mamba2":
-                for layer in range(L):
-                    pool.layer_A[layer] = -torch.rand(spec.num_heads, device=dev, generator=gen) - 0.5
             count = pool.cursors["count"]
             count[:, :B] = WINDOW // 2                       # the sources' rings hold half a window
             saved = count.clone()
