@@ -180,8 +180,8 @@ class StatePool:
             if bool(torch.isin(dst_cpu, src_cpu).any()):
                 raise ValueError("dst: expected slots none of which is in src")
             s, d = src_cpu.to(self.device), dst_cpu.to(self.device)
-            self.pending[slice(None) if layer is None else layer, dst_cpu] = \
-                self.pending[slice(None) if layer is None else layer, src_cpu]
+            sel = slice(None) if layer is None else layer
+            self.pending[sel, dst_cpu] = self.pending[sel, src_cpu]
         if s.numel():
             self.backend_ops.copy(self, s, d, layer=layer, checkpoint=checkpoint)
 
@@ -266,7 +266,7 @@ class StatePool:
         if self.read and rows.numel():
             for lay in layers:
                 self.backend_ops.refresh(self, lay, rows)
-        # the cursors of every layer in one move (a whole-pool event: SGLang's track copy, every step)
+        # the cursors of every layer in one move
         ring.empty(self.cursors, layer, slots, wrote_checkpoint=True)
         if checked:
             self.pending[slice(None) if layer is None else layer, cpu_idx] = 0

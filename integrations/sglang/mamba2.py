@@ -126,7 +126,4 @@ def commit_track(owner, slots: torch.Tensor, track: torch.Tensor, steps: torch.T
     src, dst = (torch.where(tracked, rows, -1) for rows in (slots, track))
     pool.copy(src, dst, checked=ck)
     pool.commit(dst, torch.where(tracked, steps + 1, 0), checked=ck)
-    if ck:
-        pool.flush(dst, checked=True)
-    else:
-        owner.replay_graphs("flush", dst)
+    replay_pool.on_event("verify track", owner, dst)

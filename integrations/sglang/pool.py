@@ -25,6 +25,7 @@ copy of the checkpoint (no flush: the copy holds the source's state as it stands
 | ``transfer`` | PD disaggregation, decode side: a transferred request's first batch (``ScheduleBatch.prepare_for_prebuilt``): the state the prefill server sent | refresh |
 | ``tree donation`` | a request's state cached in the radix tree (``MambaComponent.prepare_for_caching_req``): a finished request's slot, and under extra_buffer the track slot the tree takes | flush |
 | ``track`` | extra_buffer's track copy (``track_copy``): SGLang copies the masked rows' checkpoints to their track slots | copy |
+| ``verify track`` | extra_buffer's verify track (``mamba2.commit_track``): a track slot took its row's slot and kept the accepted prefix | flush |
 | ``track extend`` | extra_buffer's extend track wrote the track slots (``_track_mamba_state_extend``) | refresh |
 
 Slot allocation stays SGLang's (``MambaSlotAllocator``); every pool slot is open to the
@@ -62,6 +63,7 @@ EVENTS = {
     "transfer": "refresh",
     "tree donation": "flush",
     "track": "copy",
+    "verify track": "flush",
     "track extend": "refresh",
 }
 

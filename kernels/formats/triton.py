@@ -379,8 +379,7 @@ def _refresh_read_copy_kernel(
 ):
     # program (row tile, head, slot): BR read rows of one (slot, head), re-encoded from the stored
     # checkpoint; read layout [rows, cols] as in _store_checkpoint_kernel. A padded slot's programs
-    # return at once (extra_buffer's track copy refreshes a whole batch of mostly padded rows every
-    # decode step)
+    # return at once (a masked refresh of a batch is mostly padded rows)
     pid_r, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slots + i)
     if slot < 0:
