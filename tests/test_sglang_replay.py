@@ -537,6 +537,65 @@ def test_finishing_request_slot_is_flushed_before_the_tree_takes_it(replay_on):
     _assert_read_copy_is_encoded_checkpoint(mp, slot)
 
 
+@pytest.mark.parametrize("case", ["finished", "running", "track", "track past the key"])
+def test_the_slot_sglang_picks_for_the_tree_is_flushed(replay_on, case):
+    """SGLang's own ``MambaComponent.prepare_for_caching_req`` (patched) on a request whose own slot
+    and two extra_buffer track slots all hold unflushed ring entries: the slot it names in
+    ``insert_params.mamba_value`` (a finished request's own slot; a running request's no_buffer copy;
+    the latest track; past the key, 0.5.23's previous track) is flushed and holds the recurrence's
+    state; every other slot keeps its bytes."""
+    import importlib
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+
+    from replayssm.integrations.sglang import versions
+    from test_unchecked import _buffers
+
+    seams = versions.seams()
+    MambaComponent = importlib.import_module(seams.mamba_component_module).MambaComponent
+    extra = case.startswith("track")
+    req_pool = HybridReqToTokenPool(size=8, mamba_size=6, mamba_spec_state_size=8, max_context_len=64,
+                                    device=DEVICE, enable_memory_saver=False, cache_params=_cache_params(),
+                                    mamba_layer_ids=LAYERS, enable_mamba_extra_buffer=extra,
+                                    enable_overlap_schedule=True)
+    run = Run(req_pool, replay_on, torch.Generator().manual_seed(11))
+    mp = run.mp
+    slots = req_pool.mamba_allocator.alloc(3)             # the request's own slot, two track slots
+    run.started(slots, 6)                                 # window 4: two entries in every ring
+    assert mp.replay.cursors["count"][:, slots].eq(2).all()
+    own, track = slots[:1], slots[1:]
+    # the latest track (16 tokens) in ping-pong entry 1, the previous (8) in entry 0; 0.5.23 reads
+    # these fields under req.kv, 0.5.17 on the request
+    req = SimpleNamespace(rid="r", mamba_pool_idx=own[0], mamba_ping_pong_track_buffer=track.clone(),
+                          mamba_next_track_idx=0, mamba_last_track_idx=1, mamba_last_track_seqlen=16,
+                          mamba_prev_track_seqlen=8, holds_mamba=True)
+    req.kv = req
+    component = object.__new__(MambaComponent)
+    component.cache = SimpleNamespace(req_to_token_pool=req_pool, enable_mamba_extra_buffer=extra)
+    before = _buffers(mp.replay)
+    params = InsertParams()
+    component.prepare_for_caching_req(req=req, insert_params=params, is_finished=case != "running",
+                                      token_ids_len=12 if case == "track past the key" else 20)
+
+    donated = int(params.mamba_value.reshape(-1)[0])
+    source = {"finished": own, "running": own, "track": track[1:],
+              "track past the key": track[:1] if seams.version == "0.5.23" else track[1:]}[case]
+    if case == "running":
+        assert donated not in slots.tolist()              # SGLang's copy for the tree, a new slot
+    else:
+        assert donated == int(source[0])
+    assert mp.replay.cursors["count"][:, donated].eq(0).all()
+    for layer in range(len(LAYERS)):
+        assert rms_ratio(mp.mamba_cache.temporal[layer, donated], run.oracle[layer, int(source[0])]) < TOL["float32"]
+    _assert_read_copy_is_encoded_checkpoint(mp, torch.tensor([donated], device=DEVICE))
+    after = _buffers(mp.replay)
+    for s in slots.tolist():
+        if s != donated:
+            for name in before:
+                assert torch.equal(before[name][:, s], after[name][:, s]), (name, s)
+
+
 def _assert_read_copy_is_encoded_checkpoint(mp, slots):
     from replayssm import formats
     for layer in range(len(LAYERS)):

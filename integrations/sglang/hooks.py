@@ -8,7 +8,7 @@ where the releases differ, ``versions``).
 | ``layers.attention.mamba.mamba.selective_state_update`` (``MambaMixer2``'s call sites) | replay decode / verify; a state outside a replay pool is refused |
 | ``MambaMixer2.forward`` | before its chunk scan, flush the rows (a mixed batch's decode rows); after it wrote ``temporal``, refresh them |
 | ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
-| ``MambaComponent.prepare_for_caching_req`` | the slot the radix tree takes is flushed first: a finished request's own slot, and under extra_buffer its track slot |
+| ``MambaComponent.prepare_for_caching_req`` | the slot SGLang picked for the radix tree (``insert_params.mamba_value``) is flushed: a finished request's own slot, an extra_buffer track slot, a running request's no_buffer copy |
 | ``TritonGDNKernel.packed_decode`` / ``target_verify`` (``GDNAttnBackend``'s kernel seam) | replay GDN decode / verify |
 | ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
 | ``GDNAttnBackend.forward_extend`` | around an extend (not a verify): the rows flushed before, refreshed after |
@@ -108,18 +108,19 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
     _patch(hlab.HybridLinearAttnBackend, "update_mamba_state_after_mtp_verify", update_mamba_state_after_mtp_verify)
 
     def flush_donated(component, req, insert_params, token_ids_len, is_finished):
-        # the radix tree then holds the whole state, ring folded in: at the request's last token
-        # (its own slot, with its conv window at the same token), or under extra_buffer at the
-        # track slot's token (a decode track copies the ring beside the checkpoint, not folded)
+        # the slot SGLang chose for its radix tree (``insert_params.mamba_value``, a virtual slot:
+        # a finished request's own slot, an extra_buffer track slot, which 0.5.23 takes from the
+        # previous track when the latest ran past the key, or the no_buffer copy of a request still
+        # running) is flushed, so the tree holds the whole state with the ring folded in. An int8
+        # store's index is no slot of this pool: the store flushed its source ("int8 store").
+        donated = insert_params.mamba_value
+        if donated is None or component.int8_ckpt_pool is not None:
+            return
         req_pool = component.cache.req_to_token_pool
-        donated = [pool.request_slots(req_pool, [req]) if is_finished else None]
-        if component.cache.enable_mamba_extra_buffer:
-            donated.append(pool.donated_track_slot(req_pool, req))
-        donated = [s.to(torch.int64) for s in donated if s is not None]
-        if donated:
-            pool.on_pool("tree donation", req_pool.mamba_pool, torch.cat(donated))
+        slots = req_pool.translate_mamba_indices(donated.reshape(-1)).to(torch.int64)
+        pool.on_pool("tree donation", req_pool.mamba_pool, slots)
 
-    _around(MambaComponent, "prepare_for_caching_req", before=flush_donated)
+    _around(MambaComponent, "prepare_for_caching_req", after=flush_donated)
 
     _patch(TritonGDNKernel, "packed_decode", gdn.replay_packed_decode)
 

@@ -23,7 +23,7 @@ copy of the checkpoint (no flush: the copy holds the source's state as it stands
 | ``extend start`` | an extend about to read ``temporal`` as its rows' initial states (mixer / backend hook): a mixed batch's decode rows ride along as one-token extends | flush |
 | ``extend end`` | the extend (a prefill) wrote ``temporal`` (mixer / backend hook), that layer | refresh |
 | ``transfer`` | PD disaggregation, decode side: a transferred request's first batch (``ScheduleBatch.prepare_for_prebuilt``): the state the prefill server sent | refresh |
-| ``tree donation`` | a request's state cached in the radix tree (``MambaComponent.prepare_for_caching_req``): a finished request's slot, and under extra_buffer the track slot the tree takes | flush |
+| ``tree donation`` | a request's state cached in the radix tree (``MambaComponent.prepare_for_caching_req``): the slot SGLang picked for the tree | flush |
 | ``track`` | extra_buffer's track copy (``track_copy``): SGLang copies the masked rows' checkpoints to their track slots | copy |
 | ``verify track`` | extra_buffer's verify track (``mamba2.commit_track``): a track slot took its row's slot and kept the accepted prefix | flush |
 | ``track extend`` | extra_buffer's extend track wrote the track slots (``_track_mamba_state_extend``) | refresh |
@@ -317,19 +317,6 @@ def request_slots(req_to_token_pool, reqs) -> torch.Tensor | None:
     slot = versions.seams().req_mamba_slot
     held = [slot(req).view(1) for req in reqs if slot(req) is not None]
     return req_to_token_pool.translate_mamba_indices(torch.cat(held)) if held else None
-
-
-def donated_track_slot(req_to_token_pool, req) -> torch.Tensor | None:
-    """The extra_buffer track slot (int64 ``[1]``, translated) whose state the radix tree takes when
-    ``req`` is cached (SGLang's ``get_mamba_ping_pong_keep_idx``), or None. Reads the request's track
-    slots on the host, as SGLang's own caching does."""
-    track = versions.seams().req_track_slots(req)
-    if track is None:
-        return None
-    keep = track[req_to_token_pool.get_mamba_ping_pong_keep_idx(req)].view(1)
-    if int(keep[0]) < 0:
-        return None
-    return req_to_token_pool.translate_mamba_indices(keep)
 
 
 def track_copy(copy, conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size,

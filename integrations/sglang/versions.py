@@ -9,7 +9,6 @@ versions itself. A release not in ``SEAMS`` is refused by ``plugin.check_version
 | HiCache host pool (``MambaPoolHost``) | ``mem_cache.pool_host.mamba``; ``temporal_device_layers`` | ``mem_cache.memory_pool_host``; ``device_pool.mamba_cache.temporal`` |
 | radix-tree mamba component (``MambaComponent``) | ``unified_cache.components.mamba`` | ``unified_cache.components.mamba_component`` |
 | a request's mamba slot | ``req.kv.mamba_pool_idx`` (``req.kv.holds_mamba``) | ``req.mamba_pool_idx`` (None when it holds none) |
-| a request's extra_buffer track slots | ``req.kv.mamba_ping_pong_track_buffer`` | ``req.mamba_ping_pong_track_buffer`` |
 | KDA fused kernels past the seam | ``_can_run_fused_chain_verify``, ``_can_run_dspark_cutedsl_mtp`` | ``_can_run_dspark_cutedsl_mtp`` |
 | draft tokens per verify (pool sizing) | ``runtime_context.max_speculative_num_draft_tokens()`` | ``server_args.max_speculative_num_draft_tokens`` |
 | replay's side bytes in the mamba pool budget | ``KVCacheConfigurator.extra_mamba_cache_bytes_per_req`` | ``mamba_cache_per_req`` of the configurator's cache parameters (no extra-bytes field) |
@@ -46,11 +45,6 @@ class Seams0523:
     def req_mamba_slot(req):
         """The request's mamba slot tensor, or None when it holds none."""
         return req.kv.mamba_pool_idx if req.kv.holds_mamba else None
-
-    @staticmethod
-    def req_track_slots(req):
-        """The request's extra_buffer (ping-pong) track slots, -1 where none, or None."""
-        return req.kv.mamba_ping_pong_track_buffer
 
     @staticmethod
     def host_device_layers(host_pool):
@@ -128,10 +122,6 @@ class Seams0517(Seams0523):
     @staticmethod
     def req_mamba_slot(req):
         return req.mamba_pool_idx
-
-    @staticmethod
-    def req_track_slots(req):
-        return req.mamba_ping_pong_track_buffer
 
     @staticmethod
     def host_device_layers(host_pool):
