@@ -42,6 +42,17 @@ def _req_pool(draft_tokens=None, dtype=torch.float32):
                                 enable_mamba_extra_buffer=False, speculative_num_draft_tokens=draft_tokens)
 
 
+def forward_start(req_pool) -> None:
+    """The start of SGLang's next forward, as the hooks patch it (``ModelRunner._forward_raw``), on a
+    runner that holds ``req_pool`` and nothing else: the patched entry runs (it flushes the slots the
+    radix tree took), then SGLang's own body stops at the first attribute this runner lacks."""
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    runner = object.__new__(ModelRunner)
+    runner.req_to_token_pool = req_pool
+    with pytest.raises(AttributeError):
+        ModelRunner._forward_raw(runner, None, None)
+
+
 def _sglang_args(inp: dict, slots: torch.Tensor, out: torch.Tensor, verify_T=None):
     """``selective_state_update`` arguments exactly as MambaMixer2.forward builds them from per-head values."""
     A_d = inp["A"][:, None, ...][:, :, None].expand(-1, P, N).to(dtype=torch.float32)
@@ -542,8 +553,9 @@ def test_the_slot_sglang_picks_for_the_tree_is_flushed(replay_on, case):
     """SGLang's own ``MambaComponent.prepare_for_caching_req`` (patched) on a request whose own slot
     and two extra_buffer track slots all hold unflushed ring entries: the slot it names in
     ``insert_params.mamba_value`` (a finished request's own slot; a running request's no_buffer copy;
-    the latest track; past the key, 0.5.23's previous track) is flushed and holds the recurrence's
-    state; every other slot keeps its bytes."""
+    the latest track; past the key, 0.5.23's previous track) is left as it is until the next
+    forward starts (``ModelRunner._forward_raw``, patched), which flushes it: it then holds the
+    recurrence's state; every other slot keeps its bytes."""
     import importlib
     from types import SimpleNamespace
 
@@ -585,6 +597,14 @@ def test_the_slot_sglang_picks_for_the_tree_is_flushed(replay_on, case):
         assert donated not in slots.tolist()              # SGLang's copy for the tree, a new slot
     else:
         assert donated == int(source[0])
+    # nothing is written until the next forward, which runs after any forward still writing the slot
+    assert mp.donated == {donated}
+    cached = _buffers(mp.replay)
+    for s in slots.tolist():
+        for name in before:
+            assert torch.equal(before[name][:, s], cached[name][:, s]), (name, s)
+    forward_start(req_pool)
+    assert not mp.donated
     assert mp.replay.cursors["count"][:, donated].eq(0).all()
     for layer in range(len(LAYERS)):
         assert rms_ratio(mp.mamba_cache.temporal[layer, donated], run.oracle[layer, int(source[0])]) < TOL["float32"]

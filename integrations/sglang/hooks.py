@@ -8,7 +8,8 @@ where the releases differ, ``versions``).
 | ``layers.attention.mamba.mamba.selective_state_update`` (``MambaMixer2``'s call sites) | replay decode / verify; a state outside a replay pool is refused |
 | ``MambaMixer2.forward`` | before its chunk scan, flush the rows (a mixed batch's decode rows); after it wrote ``temporal``, refresh them |
 | ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
-| ``MambaComponent.prepare_for_caching_req`` | the slot SGLang picked for the radix tree (``insert_params.mamba_value``) is flushed: a finished request's own slot, an extra_buffer track slot, a running request's no_buffer copy |
+| ``MambaComponent.prepare_for_caching_req`` | the slot SGLang picked for the radix tree (``insert_params.mamba_value``: a finished request's own slot, an extra_buffer track slot, a running request's no_buffer copy) is recorded for a flush |
+| ``ModelRunner._forward_raw`` | at every forward's start, on its stream: the slots the radix tree took since the last forward are flushed (after any forward still writing them) |
 | ``TritonGDNKernel.packed_decode`` / ``target_verify`` (``GDNAttnBackend``'s kernel seam) | replay GDN decode / verify |
 | ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
 | ``GDNAttnBackend.forward_extend`` | around an extend (not a verify): the rows flushed before, refreshed after |
@@ -83,6 +84,7 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
     from sglang.srt.mem_cache import memory_pool
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.mem_cache.mamba_checkpoint_pool import MambaCheckpointPool
+    from sglang.srt.model_executor.model_runner import ModelRunner
 
     MambaPoolHost = importlib.import_module(seams.mamba_pool_host_module).MambaPoolHost
     MambaComponent = importlib.import_module(seams.mamba_component_module).MambaComponent
@@ -107,20 +109,28 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
 
     _patch(hlab.HybridLinearAttnBackend, "update_mamba_state_after_mtp_verify", update_mamba_state_after_mtp_verify)
 
-    def flush_donated(component, req, insert_params, token_ids_len, is_finished):
-        # the slot SGLang chose for its radix tree (``insert_params.mamba_value``, a virtual slot:
+    def tree_donation(component, req, insert_params, token_ids_len, is_finished):
+        # the slot SGLang named for its radix tree (``insert_params.mamba_value``, a virtual slot:
         # a finished request's own slot, an extra_buffer track slot, which 0.5.23 takes from the
         # previous track when the latest ran past the key, or the no_buffer copy of a request still
-        # running) is flushed, so the tree holds the whole state with the ring folded in. An int8
-        # store's index is no slot of this pool: the store flushed its source ("int8 store").
+        # running) is flushed at the start of the next forward (``pool.donate``), so the tree holds
+        # the whole state with the ring folded in. An int8 store's index is no slot of this pool:
+        # the store flushed its source ("int8 store").
         donated = insert_params.mamba_value
         if donated is None or component.int8_ckpt_pool is not None:
             return
         req_pool = component.cache.req_to_token_pool
-        slots = req_pool.translate_mamba_indices(donated.reshape(-1)).to(torch.int64)
-        pool.on_pool("tree donation", req_pool.mamba_pool, slots)
+        pool.donate(req_pool.mamba_pool, req_pool.translate_mamba_indices(donated.reshape(-1)).to(torch.int64))
 
-    _around(MambaComponent, "prepare_for_caching_req", after=flush_donated)
+    _around(MambaComponent, "prepare_for_caching_req", after=tree_donation)
+
+    def flush_donated(runner, *args, **kwargs):
+        # every forward (a decode CUDA graph's replay included) enters here, on the forward stream
+        mamba_pool = getattr(runner.req_to_token_pool, "mamba_pool", None)
+        if getattr(mamba_pool, "donated", None):
+            pool.flush_donated(mamba_pool)
+
+    _around(ModelRunner, "_forward_raw", before=flush_donated)
 
     _patch(TritonGDNKernel, "packed_decode", gdn.replay_packed_decode)
 
