@@ -28,6 +28,7 @@ TESTS = (
     "tests/test_sglang_replay.py::test_slot_events_follow_sglang_clear_copy_and_host_copy",
     "tests/test_sglang_replay.py::test_finishing_request_slot_is_flushed_before_the_tree_takes_it",
     "tests/test_sglang_replay.py::test_the_slot_sglang_picks_for_the_tree_is_flushed",
+    "tests/test_sglang_replay.py::test_a_tree_donation_waits_for_the_forwards_already_issued",
     "tests/test_sglang_replay.py::test_bad_call_site_arguments_are_named",
     "tests/test_sglang_replay.py::test_a_state_outside_a_replay_pool_is_refused",
     "tests/test_sglang_gdn.py::test_gdn_packed_decode_matches_step_recurrence",

@@ -29,7 +29,7 @@ pytest.importorskip("sglang")
 from conftest import DEVICE, TINY_NEMOTRON_H  # noqa: E402
 from helpers import TOL, f64, rms_ratio, step_oracle, token  # noqa: E402
 from test_sglang_radix import _admit, _forward_prep  # noqa: E402
-from test_sglang_replay import LAYERS, SPEC, Run, _cache_params, forward_start  # noqa: E402
+from test_sglang_replay import LAYERS, SPEC, Run, _cache_params  # noqa: E402
 from test_unchecked import HostReads, _buffers  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("test_device")
@@ -181,7 +181,6 @@ def test_track_slot_enters_the_tree_and_serves_a_match(track_args, replay_backen
     a.finished_reason = FINISH_LENGTH(length=13)
     a.refresh_fill_ids()
     cache.checkpoint(a, up_to=a.kv.kv_committed_len)      # the track slot is donated: the key ends at 16
-    forward_start(req_pool)                               # the next forward's start flushes it
     assert mp.replay.cursors["count"][:, track].eq(0).all()   # flushed as the tree takes it
     for layer in range(len(LAYERS)):
         assert rms_ratio(mp.mamba_cache.temporal[layer, track[0]], want[layer]) < TOL["float32"]

@@ -44,8 +44,8 @@ def _req_pool(draft_tokens=None, dtype=torch.float32):
 
 def forward_start(req_pool) -> None:
     """The start of SGLang's next forward, as the hooks patch it (``ModelRunner._forward_raw``), on a
-    runner that holds ``req_pool`` and nothing else: the patched entry runs (it flushes the slots the
-    radix tree took), then SGLang's own body stops at the first attribute this runner lacks."""
+    runner that holds ``req_pool`` and nothing else: the patched entry runs (it records the stream
+    the forward runs on), then SGLang's own body stops at the first attribute this runner lacks."""
     from sglang.srt.model_executor.model_runner import ModelRunner
     runner = object.__new__(ModelRunner)
     runner.req_to_token_pool = req_pool
@@ -553,9 +553,8 @@ def test_the_slot_sglang_picks_for_the_tree_is_flushed(replay_on, case):
     """SGLang's own ``MambaComponent.prepare_for_caching_req`` (patched) on a request whose own slot
     and two extra_buffer track slots all hold unflushed ring entries: the slot it names in
     ``insert_params.mamba_value`` (a finished request's own slot; a running request's no_buffer copy;
-    the latest track; past the key, 0.5.23's previous track) is left as it is until the next
-    forward starts (``ModelRunner._forward_raw``, patched), which flushes it: it then holds the
-    recurrence's state; every other slot keeps its bytes."""
+    the latest track; past the key, 0.5.23's previous track) is flushed and holds the recurrence's
+    state; every other slot keeps its bytes."""
     import importlib
     from types import SimpleNamespace
 
@@ -597,14 +596,6 @@ def test_the_slot_sglang_picks_for_the_tree_is_flushed(replay_on, case):
         assert donated not in slots.tolist()              # SGLang's copy for the tree, a new slot
     else:
         assert donated == int(source[0])
-    # nothing is written until the next forward, which runs after any forward still writing the slot
-    assert mp.donated == {donated}
-    cached = _buffers(mp.replay)
-    for s in slots.tolist():
-        for name in before:
-            assert torch.equal(before[name][:, s], cached[name][:, s]), (name, s)
-    forward_start(req_pool)
-    assert not mp.donated
     assert mp.replay.cursors["count"][:, donated].eq(0).all()
     for layer in range(len(LAYERS)):
         assert rms_ratio(mp.mamba_cache.temporal[layer, donated], run.oracle[layer, int(source[0])]) < TOL["float32"]
@@ -614,6 +605,34 @@ def test_the_slot_sglang_picks_for_the_tree_is_flushed(replay_on, case):
         if s != donated:
             for name in before:
                 assert torch.equal(before[name][:, s], after[name][:, s]), (name, s)
+
+
+def test_a_tree_donation_waits_for_the_forwards_already_issued(replay_on):
+    """The patched ``ModelRunner._forward_raw`` records the stream a forward runs on, and a tree
+    donation's flush, issued from another stream (SGLang's scheduler thread), waits for that
+    stream's work first (on a CPU no stream is recorded and the flush runs as issued)."""
+    req_pool = _req_pool()
+    run = Run(req_pool, replay_on, torch.Generator().manual_seed(12))
+    mp = run.mp
+    slot = req_pool.mamba_allocator.alloc(1)
+    run.started(slot, 6)
+    assert mp.forward_stream is None
+    if DEVICE != "cuda":
+        forward_start(req_pool)
+        assert mp.forward_stream is None
+        replay_pool.donate(mp, slot)
+    else:
+        forward = torch.cuda.Stream()
+        with torch.cuda.stream(forward):
+            forward_start(req_pool)
+            torch.cuda._sleep(200_000_000)                # the forward still running on its stream
+        assert mp.forward_stream == forward
+        replay_pool.donate(mp, slot)
+        assert not forward.query()                        # issued without waiting on the host ...
+        torch.cuda.synchronize()
+    assert mp.replay.cursors["count"][:, slot].eq(0).all()    # ... and flushed after it
+    for layer in range(len(LAYERS)):
+        assert rms_ratio(mp.mamba_cache.temporal[layer, slot[0]], run.oracle[layer, slot.item()]) < TOL["float32"]
 
 
 def _assert_read_copy_is_encoded_checkpoint(mp, slots):

@@ -8,8 +8,8 @@ where the releases differ, ``versions``).
 | ``layers.attention.mamba.mamba.selective_state_update`` (``MambaMixer2``'s call sites) | replay decode / verify; a state outside a replay pool is refused |
 | ``MambaMixer2.forward`` | before its chunk scan, flush the rows (a mixed batch's decode rows); after it wrote ``temporal``, refresh them |
 | ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
-| ``MambaComponent.prepare_for_caching_req`` | the slot SGLang picked for the radix tree (``insert_params.mamba_value``: a finished request's own slot, an extra_buffer track slot, a running request's no_buffer copy) is recorded for a flush |
-| ``ModelRunner._forward_raw`` | at every forward's start, on its stream: the slots the radix tree took since the last forward are flushed (after any forward still writing them) |
+| ``MambaComponent.prepare_for_caching_req`` | the slot SGLang picked for the radix tree (``insert_params.mamba_value``: a finished request's own slot, an extra_buffer track slot, a running request's no_buffer copy) is flushed, after the forwards already issued |
+| ``ModelRunner._forward_raw`` | the stream a forward runs on is recorded, which a tree donation's flush waits for |
 | ``TritonGDNKernel.packed_decode`` / ``target_verify`` (``GDNAttnBackend``'s kernel seam) | replay GDN decode / verify |
 | ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
 | ``GDNAttnBackend.forward_extend`` | around an extend (not a verify): the rows flushed before, refreshed after |
@@ -113,9 +113,9 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
         # the slot SGLang named for its radix tree (``insert_params.mamba_value``, a virtual slot:
         # a finished request's own slot, an extra_buffer track slot, which 0.5.23 takes from the
         # previous track when the latest ran past the key, or the no_buffer copy of a request still
-        # running) is flushed at the start of the next forward (``pool.donate``), so the tree holds
-        # the whole state with the ring folded in. An int8 store's index is no slot of this pool:
-        # the store flushed its source ("int8 store").
+        # running) is flushed, after the forwards already issued (``pool.donate``), so the tree
+        # holds the whole state with the ring folded in. An int8 store's index is no slot of this
+        # pool: the store flushed its source ("int8 store").
         donated = insert_params.mamba_value
         if donated is None or component.int8_ckpt_pool is not None:
             return
@@ -124,13 +124,13 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
 
     _around(MambaComponent, "prepare_for_caching_req", after=tree_donation)
 
-    def flush_donated(runner, *args, **kwargs):
+    def forward_starts(runner, *args, **kwargs):
         # every forward (a decode CUDA graph's replay included) enters here, on the forward stream
         mamba_pool = getattr(runner.req_to_token_pool, "mamba_pool", None)
-        if getattr(mamba_pool, "donated", None):
-            pool.flush_donated(mamba_pool)
+        if hasattr(mamba_pool, "forward_stream"):
+            pool.forward_starts(mamba_pool)
 
-    _around(ModelRunner, "_forward_raw", before=flush_donated)
+    _around(ModelRunner, "_forward_raw", before=forward_starts)
 
     _patch(TritonGDNKernel, "packed_decode", gdn.replay_packed_decode)
 

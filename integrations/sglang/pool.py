@@ -23,7 +23,7 @@ copy of the checkpoint (no flush: the copy holds the source's state as it stands
 | ``extend start`` | an extend about to read ``temporal`` as its rows' initial states (mixer / backend hook): a mixed batch's decode rows ride along as one-token extends | flush |
 | ``extend end`` | the extend (a prefill) wrote ``temporal`` (mixer / backend hook), that layer | refresh |
 | ``transfer`` | PD disaggregation, decode side: a transferred request's first batch (``ScheduleBatch.prepare_for_prebuilt``): the state the prefill server sent | refresh |
-| ``tree donation`` | a request's state cached in the radix tree (``MambaComponent.prepare_for_caching_req``): the slot SGLang picked for the tree, at the start of the next forward (``donate``) | flush |
+| ``tree donation`` | a request's state cached in the radix tree (``MambaComponent.prepare_for_caching_req``): the slot SGLang picked for the tree, after the forwards already issued (``donate``) | flush |
 | ``track`` | extra_buffer's track copy (``track_copy``): SGLang copies the masked rows' checkpoints to their track slots | copy |
 | ``verify track`` | extra_buffer's verify track (``mamba2.commit_track``): a track slot took its row's slot and kept the accepted prefix | flush |
 | ``track extend`` | extra_buffer's extend track wrote the track slots (``_track_mamba_state_extend``) | refresh |
@@ -111,8 +111,8 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
             replay: the ``StatePool`` over ``mamba_cache.temporal`` (``num_slots = size + 1``).
             replay_graphs: ``VerbGraphs`` of ``replay``: the unchecked slot events replay from CUDA
                 graphs (SGLang issues most of them one request at a time, over every layer).
-            donated: the slots SGLang's radix tree took since the last forward (``donate``), which
-                the next forward's start flushes (``flush_donated``).
+            forward_stream: the CUDA stream the last forward ran on (recorded as it starts), after
+                whose work the tree donation's flush runs (``donate``); None until one ran on CUDA.
         """
 
         replay_cfg = cfg
@@ -151,7 +151,7 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
                                     checkpoint=temporal, state_layout="vk")
             self.replay.allocated.fill_(True)  # SGLang's MambaSlotAllocator owns the slots
             self.replay_graphs = VerbGraphs(self.replay)
-            self.donated: set[int] = set()
+            self.forward_stream = None
             for layer in range(temporal.shape[0]):
                 _BY_STATE[_key(temporal[layer])] = (weakref.ref(self), layer)
 
@@ -287,25 +287,27 @@ def on_state(event: str, ssm_state: torch.Tensor, indices: torch.Tensor) -> None
 
 
 def donate(owner, slots: torch.Tensor) -> None:
-    """``slots`` (int64 ``[n]``, translated) that SGLang's radix tree took from ``owner`` (a
-    ``ReplayMambaPool``), to be flushed at the start of the next forward (``flush_donated``).
+    """The ``tree donation`` flush of ``slots`` (int64 ``[n]``, translated) that SGLang's radix tree
+    took from ``owner`` (a ``ReplayMambaPool``), on the current stream after the work already issued
+    on the stream the forwards run on (``owner.forward_stream``).
 
-    Not at once: SGLang caches a request from its scheduler thread, and under the overlap scheduler
-    the forward launched before this request's result was processed may still be writing the slot
-    it donates (a decode track copy, on the forward stream); the next forward runs after it on that
-    stream. Until then the slot holds its state as checkpoint + ring, which every path that reads a
-    slot's checkpoint takes as such (a copy carries the ring; a host copy, HiCache backup or int8
-    store flushes first). Reads the slots on the host, as SGLang's own caching does."""
-    owner.donated.update(slots.tolist())
+    SGLang caches a request from its scheduler thread, and under the overlap scheduler the forward
+    launched before this request's result was processed may still be writing the slot it donates
+    (a decode track copy, on the forward stream): the current stream waits for it on the device
+    (no host synchronization), so the slot is flushed once, after its last write and before the tree
+    hands it to any reader, which SGLang orders after the current stream."""
+    stream = owner.forward_stream
+    if stream is not None:
+        current = torch.cuda.current_stream(stream.device)
+        if current != stream:
+            current.wait_stream(stream)
+    on_event("tree donation", owner, slots)
 
 
-def flush_donated(owner) -> None:
-    """The ``tree donation`` flush of the slots ``donate`` recorded on ``owner`` since the last
-    forward, on the current stream (a forward's); nothing when there are none."""
-    if owner.donated:
-        slots = torch.tensor(sorted(owner.donated), dtype=torch.int64, device=owner.replay.device)
-        owner.donated.clear()
-        on_event("tree donation", owner, slots)
+def forward_starts(owner) -> None:
+    """A forward starts on ``owner``'s pool: the stream it runs on is recorded (CUDA pools only)."""
+    if owner.replay.device.type == "cuda":
+        owner.forward_stream = torch.cuda.current_stream(owner.replay.device)
 
 
 def on_pool(event: str, mamba_pool, indices: torch.Tensor | None) -> None:
