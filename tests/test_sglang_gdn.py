@@ -145,6 +145,11 @@ def test_gdn_refusals(replay_on):
         TritonGDNKernel().target_verify(kw["A_log"], kw["dt_bias"], torch.zeros(1, 5, HK, K), torch.zeros(1, 6, HK, K),
                                         torch.zeros(1, 6, HV, V), torch.zeros(6, HV), torch.zeros(6, HV),
                                         ssm_states=ssm_states, cache_indices=kw["cache_indices"], cache_steps=3)
+    with pytest.raises(ValueError, match="retrieve_parent_token: a tree of drafts reached the verify"):
+        TritonGDNKernel().target_verify(kw["A_log"], kw["dt_bias"], torch.zeros(1, 6, HK, K), torch.zeros(1, 6, HK, K),
+                                        torch.zeros(1, 6, HV, V), torch.zeros(6, HV), torch.zeros(6, HV),
+                                        ssm_states=ssm_states, cache_indices=kw["cache_indices"], cache_steps=3,
+                                        retrieve_parent_token=torch.zeros(2, 3, dtype=torch.int64))
 
 
 def _runner(server_args, req_pool):

@@ -201,6 +201,12 @@ def test_kda_refusals(server_args):
                                             torch.zeros(1, 6, HK, D), torch.zeros(1, 6, HV, D), torch.zeros(6, HV * D),
                                             torch.zeros(1, 6, HV), ssm_states=ssm_states,
                                             cache_indices=torch.tensor([1, 2]), cache_steps=3)
+        with pytest.raises(ValueError, match="retrieve_parent_token: a tree of drafts reached the verify"):
+            TritonKDAKernel().target_verify(torch.zeros(HV), torch.zeros(HV * D), torch.zeros(1, 6, HK, D),
+                                            torch.zeros(1, 6, HK, D), torch.zeros(1, 6, HV, D), torch.zeros(6, HV * D),
+                                            torch.zeros(1, 6, HV), ssm_states=ssm_states,
+                                            cache_indices=torch.tensor([1, 2]), cache_steps=3,
+                                            retrieve_parent_token=torch.zeros(2, 3, dtype=torch.int64))
     finally:
         hooks.uninstall()
     assert kda_fused_decode.covered is covered

@@ -272,6 +272,10 @@ def test_replay_off_passes_everything_through(environ, capsys, MODEL):
 @pytest.mark.parametrize("args,match", [
     (["--enable-linear-replayssm"], "--enable-linear-replayssm: replayssm replaces SGLang's own replay"),
     (["--speculative-eagle-topk", "2"], "--speculative-eagle-topk: replay verifies a chain of drafts"),
+    (["--speculative-algorithm", "NGRAM"], "--speculative-ngram-max-bfs-breadth: replay verifies a chain of drafts; "
+                                           "NGRAM needs --speculative-ngram-max-bfs-breadth 1, got the default 10"),
+    (["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-bfs-breadth", "4"],
+     "--speculative-ngram-max-bfs-breadth: .* got 4"),
     (["--replay-window", "0"], "--replay-window: expected a positive int"),
     (["--mamba-ssm-dtype", "bfloat16"], "--mamba-ssm-dtype: --replay-checkpoint-dtype float32 stores"),
     (["--mamba-radix-cache-strategy", "extra_buffer_lazy"],

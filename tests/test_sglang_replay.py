@@ -651,6 +651,8 @@ def _assert_read_copy_is_encoded_checkpoint(mp, slots):
     (lambda a, kw: kw.update(enable_stochastic_rounding=True), "enable_stochastic_rounding: SGLang's"),
     (lambda a, kw: kw.update(out=None), "out: expected an output buffer"),
     (lambda a, kw: kw.update(state_batch_indices=kw["state_batch_indices"].float()), "indices: expected int32"),
+    (lambda a, kw: kw.update(retrieve_parent_token=torch.zeros(2, 1, dtype=torch.int64)),
+     "retrieve_parent_token: a tree of drafts reached the verify"),
     (lambda a, kw: a.__setitem__(0, a[0].to(torch.bfloat16)), "x: expected dtype torch.float32"),
 ])
 def test_bad_call_site_arguments_are_named(replay_on, change, match):
@@ -681,6 +683,9 @@ def test_pool_refusals(replay_on):
     with pytest.raises(ValueError, match="envelope_layout: SGLang's page-major KV layout is not served"):
         cls(size=4, spec_state_size=4, cache_params=_cache_params(), mamba_layer_ids=LAYERS, device=DEVICE,
             envelope_layout=True)
+    with pytest.raises(ValueError, match="speculative_eagle_topk: replay verifies a chain of drafts .* got 10; NGRAM"):
+        cls(size=4, spec_state_size=4, cache_params=_cache_params(), mamba_layer_ids=LAYERS, device=DEVICE,
+            speculative_num_draft_tokens=4, speculative_eagle_topk=10)
 
 
 def test_a_state_outside_a_replay_pool_is_refused(replay_on):

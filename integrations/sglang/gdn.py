@@ -86,15 +86,16 @@ def replay_target_verify(kernel, A_log: torch.Tensor, dt_bias: torch.Tensor, q: 
         ssm_states: one layer of a ``ReplayMambaPool``'s ``temporal``, ``[size + 1, HV, V, K]``:
             read, and at an early flush (RING.md) written, in place.
         cache_indices: int32/int64 ``[n]`` pool slots, -1 = padding. cache_steps: T.
-        kwargs: SGLang's per-draft snapshot buffers and tree links (``intermediate_states_buffer``,
-            ``retrieve_parent_token``, ...): replay keeps no snapshots and verifies a chain, so they
-            are not read; ``scale`` if given (default ``K ** -0.5``, as SGLang's kernel).
+        kwargs: SGLang's per-draft snapshot buffers (``intermediate_states_buffer``, ...): replay keeps
+            no snapshots, so they are not read; tree links (``retrieve_parent_token``) are refused,
+            replay verifies a chain; ``scale`` if given (default ``K ** -0.5``, as SGLang's kernel).
     Returns:
         A fresh ``[1, n*T, HV, V]`` tensor in v's dtype; the drafts stay pending until the commit.
     """
     found = replay_pool.lookup(ssm_states)
     if found is None or found[0].replay.spec.family != "gdn":
         raise ValueError("ssm_states: not a layer of a GDN ReplayMambaPool's temporal tensor")
+    replay_pool.chain_only(kwargs.get("retrieve_parent_token"))
     owner, layer = found
     spec = owner.replay.spec
     HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim

@@ -123,8 +123,9 @@ def replay_target_verify(kernel, A_log: torch.Tensor, dt_bias: torch.Tensor, q: 
         ssm_states: one layer of a ``ReplayMambaPool``'s ``temporal``, ``[size + 1, HV, V, K]``:
             read, and at an early flush (RING.md) written, in place.
         cache_indices: int32/int64 ``[n]`` pool slots, -1 = padding. cache_steps: T.
-        kwargs: SGLang's per-draft snapshot buffers, tree links and fused-accept indices: replay
-            keeps no snapshots and verifies a chain, so they are not read; ``scale`` if given
+        kwargs: SGLang's per-draft snapshot buffers and fused-accept indices: replay keeps no
+            snapshots, so they are not read; tree links (``retrieve_parent_token``) are refused, replay
+            verifies a chain; ``scale`` if given
             (default ``K ** -0.5``, as SGLang's kernel). SGLang's own ring must be off.
     Returns:
         A fresh ``[1, n*T, HV, V]`` tensor in v's dtype; the drafts stay pending until the commit.
@@ -132,6 +133,7 @@ def replay_target_verify(kernel, A_log: torch.Tensor, dt_bias: torch.Tensor, q: 
     owner, layer = _owner(ssm_states)
     if kwargs.get("cache_ring"):
         raise ValueError("cache_ring: SGLang's own replay ring cannot run beside replayssm")
+    replay_pool.chain_only(kwargs.get("retrieve_parent_token"))
     spec = owner.replay.spec
     HK, HV, K, V = spec.num_k_heads, spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
     n, T = cache_indices.shape[0], cache_steps

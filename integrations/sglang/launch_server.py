@@ -106,6 +106,12 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
     topk = _flag_value(rest, "--speculative-eagle-topk")
     if topk is not None and int(topk) > 1:
         raise SystemExit(f"--speculative-eagle-topk: replay verifies a chain of drafts; expected 1, got {topk}")
+    algorithm = _flag_value(rest, "--speculative-algorithm")
+    breadth = _flag_value(rest, "--speculative-ngram-max-bfs-breadth")
+    if algorithm is not None and algorithm.upper() == "NGRAM" and (breadth is None or int(breadth) > 1):
+        # SGLang's NGRAM verifies a draft tree this wide (its default: 10)
+        raise SystemExit(f"--speculative-ngram-max-bfs-breadth: replay verifies a chain of drafts; NGRAM needs "
+                         f"--speculative-ngram-max-bfs-breadth 1, got {breadth or 'the default 10'}")
     drafts = _flag_value(rest, "--speculative-num-draft-tokens")
     try:
         cfg = ReplayConfig(window=own.replay_window, max_draft_tokens=max(int(drafts or 1) - 1, 0),
@@ -122,7 +128,7 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
     strategy = _flag_value(rest, "--mamba-radix-cache-strategy")
     if strategy not in (None, "no_buffer", "extra_buffer"):
         raise SystemExit(f"--mamba-radix-cache-strategy: replayssm serves no_buffer and extra_buffer; got {strategy}")
-    speculative = _flag_value(rest, "--speculative-algorithm") is not None
+    speculative = algorithm is not None
     if strategy is None and "--disable-radix-cache" not in rest:
         sglang_args += ["--mamba-radix-cache-strategy", "no_buffer"]
         strategy = "no_buffer"

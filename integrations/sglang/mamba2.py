@@ -44,9 +44,9 @@ def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias
         dt_softplus: must be True. state_batch_indices: int32/int64 ``[n]`` pool slots, -1 = padding.
         pad_slot_id: must be -1. out: like x, x's dtype, written in place (required).
         disable_state_update: True for a verify (x has a token axis), False for a decode.
-        cache_steps: T of a verify, or None. intermediate_states_buffer, retrieve_parent_token,
-            intermediate_state_indices: SGLang's per-draft snapshots and tree links; replay keeps
-            no snapshots and verifies a chain, so they are not read.
+        cache_steps: T of a verify, or None. intermediate_states_buffer, intermediate_state_indices:
+            SGLang's per-draft snapshots; replay keeps none, so they are not read.
+            retrieve_parent_token: a draft tree's links, refused (replay verifies a chain).
         enable_stochastic_rounding, cache_philox_rounds: must be off; the replay checkpoint dtype
             ``float16_sr`` does its own stochastic rounding.
     Returns:
@@ -62,6 +62,7 @@ def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias
     if enable_stochastic_rounding or cache_philox_rounds:
         raise ValueError("enable_stochastic_rounding: SGLang's stochastic rounding cannot run under replay; use "
                          "--replay-checkpoint-dtype float16_sr")
+    replay_pool.chain_only(retrieve_parent_token)
     is_verify, inputs = step_inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus=dt_softplus,
                                     state_batch_indices=state_batch_indices, out=out,
                                     disable_state_update=disable_state_update, cache_steps=cache_steps)

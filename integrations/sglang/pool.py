@@ -129,6 +129,12 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
                 raise ValueError("envelope_layout: SGLang's page-major KV layout is not served with --replay-ssm; "
                                  "drop --enable-page-major-kv-layout")
             drafts = kwargs.get("speculative_num_draft_tokens")
+            topk = kwargs.get("speculative_eagle_topk")
+            if drafts and topk is not None and topk > 1:
+                # a tree's drafts branch from earlier drafts, not only from the token before them
+                raise ValueError(f"speculative_eagle_topk: replay verifies a chain of drafts (a width of 1), got "
+                                 f"{topk}; NGRAM takes it from --speculative-ngram-max-bfs-breadth (default 10): "
+                                 "pass 1")
             if drafts:
                 # per-draft full-state snapshots are never written or read under replay (verify appends
                 # to the ring, commit moves cursors): SGLang's allocation of them is skipped, and an
@@ -308,6 +314,15 @@ def forward_starts(owner) -> None:
     """A forward starts on ``owner``'s pool: the stream it runs on is recorded (CUDA pools only)."""
     if owner.replay.device.type == "cuda":
         owner.forward_stream = torch.cuda.current_stream(owner.replay.device)
+
+
+def chain_only(retrieve_parent_token) -> None:
+    """A verify's draft tree links (SGLang's ``retrieve_parent_token``) must be absent: replay verifies
+    a chain, each draft after the token before it. SGLang passes them with a draft tree wider than one
+    (``speculative_eagle_topk > 1``, which the pool refuses at start)."""
+    if retrieve_parent_token is not None:
+        raise ValueError("retrieve_parent_token: a tree of drafts reached the verify; replay verifies a chain "
+                         "(speculative_eagle_topk 1)")
 
 
 def on_pool(event: str, mamba_pool, indices: torch.Tensor | None) -> None:
