@@ -620,14 +620,14 @@ def test_a_tree_donation_waits_for_the_forwards_already_issued(replay_on):
     if DEVICE != "cuda":
         forward_start(req_pool)
         assert mp.forward_stream is None
-        replay_pool.donate(mp, slot)
+        replay_pool.after_forwards("tree donation", mp, slot)
     else:
         forward = torch.cuda.Stream()
         with torch.cuda.stream(forward):
             forward_start(req_pool)
             torch.cuda._sleep(200_000_000)                # the forward still running on its stream
         assert mp.forward_stream == forward
-        replay_pool.donate(mp, slot)
+        replay_pool.after_forwards("tree donation", mp, slot)
         assert not forward.query()                        # issued without waiting on the host ...
         torch.cuda.synchronize()
     assert mp.replay.cursors["count"][:, slot].eq(0).all()    # ... and flushed after it

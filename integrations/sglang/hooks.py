@@ -17,7 +17,7 @@ where the releases differ, ``versions``).
 | ``kda_fused_decode.covered``, ``KDAAttnBackend._can_run_fused_chain_verify`` (0.5.23) / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
 | ``KDAAttnBackend.forward_extend`` | around an extend (not a verify): the rows flushed before, refreshed after |
 | ``MambaPoolHost.backup_from_device_all_layer`` / ``load_to_device_per_layer`` (HiCache's host tier) | slots flushed before a backup, refreshed after each layer's load |
-| ``MambaCheckpointPool.store_from_active`` / ``load_to_active`` (int8 radix store) | active slots flushed before a store, refreshed after a load |
+| ``MambaCheckpointPool.store_from_active`` / ``load_to_active`` (int8 radix store) | active slots flushed before a store (after the forwards already issued), refreshed after a load |
 | ``ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt`` (PD decode side) | the transferred requests' slots refreshed |
 | ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, and GDN / KDA kernels other than Triton |
 
@@ -113,14 +113,15 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
         # the slot SGLang named for its radix tree (``insert_params.mamba_value``, a virtual slot:
         # a finished request's own slot, an extra_buffer track slot, which 0.5.23 takes from the
         # previous track when the latest ran past the key, or the no_buffer copy of a request still
-        # running) is flushed, after the forwards already issued (``pool.donate``), so the tree
+        # running) is flushed, after the forwards already issued (``pool.after_forwards``), so the tree
         # holds the whole state with the ring folded in. An int8 store's index is no slot of this
         # pool: the store flushed its source ("int8 store").
         donated = insert_params.mamba_value
         if donated is None or component.int8_ckpt_pool is not None:
             return
         req_pool = component.cache.req_to_token_pool
-        pool.donate(req_pool.mamba_pool, req_pool.translate_mamba_indices(donated.reshape(-1)).to(torch.int64))
+        pool.after_forwards("tree donation", req_pool.mamba_pool,
+                            req_pool.translate_mamba_indices(donated.reshape(-1)).to(torch.int64))
 
     _around(MambaComponent, "prepare_for_caching_req", after=tree_donation)
 
@@ -181,7 +182,7 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
     # the int8 radix store: a store quantizes the active slots for the tree, a hit writes them
     _around(MambaCheckpointPool, "store_from_active",
             before=lambda store, active_mamba_pool, active_slots, ckpt_slots:
-            pool.on_pool("int8 store", active_mamba_pool, active_slots))
+            pool.after_forwards("int8 store", active_mamba_pool, active_slots))
     _around(MambaCheckpointPool, "load_to_active",
             after=lambda store, active_mamba_pool, ckpt_slots, active_slots:
             pool.on_pool("int8 load", active_mamba_pool, active_slots))

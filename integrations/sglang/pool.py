@@ -16,14 +16,14 @@ copy of the checkpoint (no flush: the copy holds the source's state as it stands
 | ``copy`` | ``copy_from`` (COW on a radix hit, no_buffer copy for the tree) | copy (SGLang copies the checkpoint) |
 | ``cpu copy`` | ``get_cpu_copy`` (host tier / transfer): the copy is the whole state | flush |
 | ``cpu load`` | ``load_cpu_copy`` | refresh |
-| ``int8 store`` | int8 radix store (``MambaCheckpointPool.store_from_active``, ``--enable-int8-mamba-checkpoint``) | flush |
+| ``int8 store`` | int8 radix store (``MambaCheckpointPool.store_from_active``, ``--enable-int8-mamba-checkpoint``), after the forwards already issued (``after_forwards``) | flush |
 | ``int8 load`` | int8 radix hit (``MambaCheckpointPool.load_to_active``: the copy-on-write) | refresh |
 | ``hicache backup`` | HiCache backup (``MambaPoolHost.backup_from_device_all_layer``), on the transfer stream | flush |
 | ``hicache load`` | HiCache load (``MambaPoolHost.load_to_device_per_layer``), that layer, before its completion event | refresh |
 | ``extend start`` | an extend about to read ``temporal`` as its rows' initial states (mixer / backend hook): a mixed batch's decode rows ride along as one-token extends | flush |
 | ``extend end`` | the extend (a prefill) wrote ``temporal`` (mixer / backend hook), that layer | refresh |
 | ``transfer`` | PD disaggregation, decode side: a transferred request's first batch (``ScheduleBatch.prepare_for_prebuilt``): the state the prefill server sent | refresh |
-| ``tree donation`` | a request's state cached in the radix tree (``MambaComponent.prepare_for_caching_req``): the slot SGLang picked for the tree, after the forwards already issued (``donate``) | flush |
+| ``tree donation`` | a request's state cached in the radix tree (``MambaComponent.prepare_for_caching_req``): the slot SGLang picked for the tree, after the forwards already issued (``after_forwards``) | flush |
 | ``track`` | extra_buffer's track copy (``track_copy``): SGLang copies the masked rows' checkpoints to their track slots | copy |
 | ``verify track`` | extra_buffer's verify track (``mamba2.commit_track``): a track slot took its row's slot and kept the accepted prefix | flush |
 | ``track extend`` | extra_buffer's extend track wrote the track slots (``_track_mamba_state_extend``) | refresh |
@@ -112,7 +112,8 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
             replay_graphs: ``VerbGraphs`` of ``replay``: the unchecked slot events replay from CUDA
                 graphs (SGLang issues most of them one request at a time, over every layer).
             forward_stream: the CUDA stream the last forward ran on (recorded as it starts), after
-                whose work the tree donation's flush runs (``donate``); None until one ran on CUDA.
+                whose work the scheduler thread's slot events run (``after_forwards``); None until
+                one ran on CUDA.
         """
 
         replay_cfg = cfg
@@ -292,22 +293,23 @@ def on_state(event: str, ssm_state: torch.Tensor, indices: torch.Tensor) -> None
         on_event(event, found[0], indices, found[1])
 
 
-def donate(owner, slots: torch.Tensor) -> None:
-    """The ``tree donation`` flush of ``slots`` (int64 ``[n]``, translated) that SGLang's radix tree
-    took from ``owner`` (a ``ReplayMambaPool``), on the current stream after the work already issued
-    on the stream the forwards run on (``owner.forward_stream``).
+def after_forwards(event: str, mamba_pool, indices: torch.Tensor | None) -> None:
+    """``on_pool`` for an event SGLang issues from its scheduler thread on slots a forward may still
+    be writing: on the current stream after the work already issued on the stream the forwards run
+    on (``forward_stream``, recorded as each forward starts), which the current stream waits for on
+    the device (no host synchronization).
 
-    SGLang caches a request from its scheduler thread, and under the overlap scheduler the forward
-    launched before this request's result was processed may still be writing the slot it donates
-    (a decode track copy, on the forward stream): the current stream waits for it on the device
-    (no host synchronization), so the slot is flushed once, after its last write and before the tree
-    hands it to any reader, which SGLang orders after the current stream."""
-    stream = owner.forward_stream
+    Under the overlap scheduler the forward launched before a request's result was processed may
+    still be copying into the slot SGLang then caches (a decode track copy, on the forward stream):
+    the tree donation's flush of that slot (``tree donation``) and an int8 store's (``int8 store``)
+    then run after it, and before the tree hands the slot to any reader, which SGLang orders after
+    the current stream."""
+    stream = getattr(mamba_pool, "forward_stream", None)
     if stream is not None:
         current = torch.cuda.current_stream(stream.device)
         if current != stream:
             current.wait_stream(stream)
-    on_event("tree donation", owner, slots)
+    on_pool(event, mamba_pool, indices)
 
 
 def forward_starts(owner) -> None:
