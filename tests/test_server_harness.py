@@ -531,6 +531,38 @@ def test_server_rates_read_full_prefill_batches_and_full_decode_batches():
     assert bench_serving.server_rates("no rates at warning level", 256) == {}
 
 
+def test_server_memory_reads_what_each_server_allocated_at_start(tmp_path):
+    """SGLang 0.5.17's mamba pool and scheduler lines (its f-strings' formats) and replayssm's pool line
+    (the one a replay pool logs: tests/test_sglang_replay.py) into a row's ``memory``, and its table."""
+    import bench_serving
+
+    sglang = ("[t] Mamba Cache is allocated. max_mamba_cache_size: 769, conv_state size: 0.45GB, ssm_state size: "
+              "9.63GB intermediate_ssm_state_cache size: 12.85GB intermediate_conv_window_cache size: 0.60GB \n"
+              "[t] max_total_num_tokens=1234567, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+              "max_running_requests=256, context_len=262144, available_gpu_mem=12.34 GB\n")
+    replay = ("[t] replayssm pool: 770 slots x 24 layers, window 16, 3 draft tokens, read format nvfp4: ring, read "
+              "copy and cursors 1.87 GB beside SGLang's state; no per-draft state snapshots\n")
+    assert bench_serving.server_memory(sglang) == dict(
+        mamba_slots=769, conv_state_gb=0.45, ssm_state_gb=9.63, draft_snapshots_gb=12.85, draft_conv_windows_gb=0.6,
+        max_total_num_tokens=1234567, max_running_requests=256)
+    plain = sglang.replace("9.63GB intermediate_ssm_state_cache size: 12.85GB intermediate_conv_window_cache size: "
+                           "0.60GB ", "9.63GB ")
+    assert bench_serving.server_memory(plain + replay) == dict(
+        mamba_slots=769, conv_state_gb=0.45, ssm_state_gb=9.63, max_total_num_tokens=1234567,
+        max_running_requests=256, replay_side_gb=1.87)
+    assert bench_serving.server_memory("warning level: nothing logged") == {}
+    rows = [dict(model="m", variant="sglang", radix="no_buffer", workload="decode", speculative="mtp", concurrency=8,
+                 error="x", memory=bench_serving.server_memory(sglang)),
+            dict(model="m", variant="replay-nvfp4", radix="no_buffer", workload="decode", speculative="mtp",
+                 concurrency=8, error="x", memory=bench_serving.server_memory(plain + replay))]
+    path = tmp_path / "serving-m.json"
+    path.write_text(json.dumps(dict(model="m", rows=rows)))
+    lines = bench_serving.memory_table([path]).splitlines()
+    assert lines[2] == "| m | sglang | no_buffer | mtp | 256 | 1,234,567 | 769 | 9.63 | 12.85 | 0.60 |  |"
+    assert lines[3] == "| m | replay-nvfp4 | no_buffer | mtp | 256 | 1,234,567 | 769 | 9.63 |  |  | 1.87 |"
+    assert lines[0] in bench_serving.table([path])
+
+
 def test_serving_table_compares_each_load_with_sglangs(tmp_path):
     import bench_serving
 

@@ -8,6 +8,7 @@ for rings and cursors, bit-exactly against a standalone ``StatePool`` fed the sa
 """
 
 import dataclasses
+import pathlib
 
 import pytest
 import torch
@@ -665,6 +666,20 @@ def test_bad_call_site_arguments_are_named(replay_on, change, match):
     change(args, kw)
     with pytest.raises((ValueError, TypeError), match=match):
         mamba_mod.selective_state_update(run.req_pool.mamba2_layer_cache(LAYERS[0]).temporal, *args, **kw)
+
+
+def test_a_replay_pool_logs_its_side_state_as_the_serving_benchmark_reads_it(replay_on, caplog):
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "server"))
+    import bench_serving
+    from replayssm.pool import side_bytes_per_slot
+
+    with caplog.at_level("INFO", logger="replayssm"):
+        mp = _req_pool(draft_tokens=3).mamba_pool
+    side = sum(side_bytes_per_slot(SPEC, mp.replay.cfg).values()) * len(LAYERS) * mp.mamba_cache.temporal.shape[1]
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("replayssm pool:")]
+    assert len(logged) == 1 and "2 draft tokens" in logged[0]
+    assert bench_serving.server_memory(logged[0]) == dict(replay_side_gb=round(side / 2 ** 30, 2))
 
 
 def test_pool_refusals(replay_on):

@@ -175,6 +175,37 @@ def server_rates(log_text: str, concurrency: int) -> dict:
     return rates
 
 
+# what a server allocated at start (its INFO log: SGLang 0.5.17's mamba pool and scheduler lines,
+# replayssm's pool line)
+_MAMBA = re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+), conv_state size: ([\d.]+)GB, "
+                    r"ssm_state size: ([\d.]+)GB(?: intermediate_ssm_state_cache size: ([\d.]+)GB)?"
+                    r"(?: intermediate_conv_window_cache size: ([\d.]+)GB)?")
+_SIZES = re.compile(r"max_total_num_tokens=(\d+), .*?max_running_requests=(\d+)")
+_REPLAY_POOL = re.compile(r"replayssm pool: .*?ring, read copy and cursors ([\d.]+) GB")
+
+
+def server_memory(log_text: str) -> dict:
+    """What a server allocated at start, from its INFO log (``--server-log-level info``): the mamba
+    pool's slots and GB of conv state, ssm state, per-draft ssm snapshots and conv windows (SGLang's
+    line), the running requests and KV tokens it sized for (its scheduler's line) and replay's ring,
+    read copy and cursors (replayssm's pool line); keys only for what was logged."""
+    out = {}
+    mamba = _MAMBA.search(log_text)
+    if mamba:
+        out["mamba_slots"] = int(mamba[1])
+        for key, value in zip(("conv_state_gb", "ssm_state_gb", "draft_snapshots_gb", "draft_conv_windows_gb"),
+                              mamba.groups()[1:]):
+            if value is not None:
+                out[key] = float(value)
+    sizes = _SIZES.search(log_text)
+    if sizes:
+        out["max_total_num_tokens"], out["max_running_requests"] = int(sizes[1]), int(sizes[2])
+    replay = _REPLAY_POOL.search(log_text)
+    if replay:
+        out["replay_side_gb"] = float(replay[1])
+    return out
+
+
 def running_decode(log_text: str, concurrency: int) -> bool:
     """Whether the server has logged a decode batch with all ``concurrency`` requests running."""
     return any(int(r) == concurrency for r, _ in _DECODE.findall(log_text))
@@ -264,6 +295,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
         return rows
     log.write(f"\n===== {model} {variant} {label}: {' '.join(cmd)}\n")
     log.flush()
+    server_start = os.path.getsize(log.name)
     t0 = time.time()
     print(f"{model} {variant} ({label}): starting", flush=True)
     proc = None
@@ -271,6 +303,12 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
         proc = check_server.launch(cmd, args.port, log, check_server.server_env(args))
         check_server.wait_ready(proc, args.port, deadline.left(args.start_timeout))
         print(f"{model} {variant} ({label}): ready in {time.time() - t0:.0f} s", flush=True)
+        with open(log.name, "rb") as f:
+            f.seek(server_start)
+            memory = server_memory(f.read().decode(errors="replace"))
+        if memory:
+            base["memory"] = memory
+            print(f"{model} {variant} ({label}): {memory}", flush=True)
         for c, load in ((c, load) for c in args.concurrency for load in range(1, args.repeat + 1)):
             if deadline.left(30) < 30:
                 rows.append(dict(base, concurrency=c, load=load, error="not run: the deadline is less than 30 s away"))
@@ -354,6 +392,32 @@ def table(paths: list[pathlib.Path]) -> str:
                        f"{r['output_throughput']:.0f} | {tok} | {vs_replay} | {r['median_itl_ms']:.2f} / "
                        f"{r['p99_itl_ms']:.2f} | {itl} | {r['median_ttft_ms']:.0f} | {rates} | {decode} | "
                        f"{'' if hit is None else f'{hit:.1f} %'} | {'' if accept is None else f'{accept:.2f}'} |")
+    memory = memory_table(paths)
+    return "\n".join(out + (["", memory] if memory else []))
+
+
+_MEMORY_KEYS = ("max_running_requests", "max_total_num_tokens", "mamba_slots", "ssm_state_gb", "draft_snapshots_gb",
+                "draft_conv_windows_gb", "replay_side_gb")
+
+
+def memory_table(paths: list[pathlib.Path]) -> str:
+    """A markdown table of what each server of ``serving-<model>.json`` files allocated at start
+    (``server_memory``; one row per model, variant, radix strategy and speculative mode), or "" when
+    no row carries it."""
+    servers = {}
+    for path in paths:
+        for r in json.loads(path.read_text())["rows"]:
+            if "memory" in r:
+                servers.setdefault((r["model"], r["variant"], radix(r), r.get("speculative") or "none"), r["memory"])
+    if not servers:
+        return ""
+    out = ["| model | variant | radix | speculative | max running requests | KV tokens | mamba slots | ssm state GB "
+           "| per-draft ssm snapshots GB | per-draft conv windows GB | replay ring, read copy, cursors GB |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (model, variant, rad, spec), mem in servers.items():
+        cells = ["" if mem.get(k) is None else f"{mem[k]:,}" if isinstance(mem[k], int) else f"{mem[k]:.2f}"
+                 for k in _MEMORY_KEYS]
+        out.append(f"| {model} | {variant} | {rad} | {spec} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import weakref
 
 import torch
@@ -47,6 +48,7 @@ from replayssm.pool import side_bytes_per_slot
 
 from . import versions
 
+log = logging.getLogger("replayssm")
 _BY_STATE: dict[tuple[int, tuple[int, ...]], tuple[weakref.ref, int]] = {}
 
 EVENTS = {
@@ -157,6 +159,11 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
                                     num_slots=temporal.shape[1], device=temporal.device, backend=backend,
                                     checkpoint=temporal, state_layout="vk")
             self.replay.allocated.fill_(True)  # SGLang's MambaSlotAllocator owns the slots
+            side = sum(side_bytes_per_slot(spec, self.replay.cfg).values())         # per slot and layer
+            log.info("replayssm pool: %d slots x %d layers, window %d, %d draft tokens, read format %s: "
+                     "ring, read copy and cursors %.2f GB beside SGLang's state; no per-draft state snapshots",
+                     temporal.shape[1], temporal.shape[0], self.replay.cfg.window, self.replay.cfg.max_draft_tokens,
+                     self.replay.cfg.read_format, side * temporal.shape[0] * temporal.shape[1] / 2 ** 30)
             self.replay_graphs = VerbGraphs(self.replay)
             self.forward_stream = None
             for layer in range(temporal.shape[0]):
