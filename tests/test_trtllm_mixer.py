@@ -146,6 +146,10 @@ class PythonMambaCacheManager:
     def is_speculative(self):
         return isinstance(self.mamba_cache, self.SpeculativeState)
 
+    def shutdown(self):
+        # TRT-LLM's: empty state tensors in place of the cache's, freed while the manager lives on
+        self.mamba_cache = self.State(conv=torch.empty(0), temporal=torch.empty(0))
+
     def mamba_layer_cache(self, layer_idx):
         return self.mamba_cache.at_layer_idx(self.mamba_layer_offsets[layer_idx])
 
@@ -244,6 +248,12 @@ def test_wiring_and_call_refusals():
                                       dt_softplus=True, state_batch_indices=slots, out=torch.empty_like(x[:, 0]))
     with pytest.raises(ImportError, match="TensorRT-LLM 1.2.x is required"):
         wire_mamba2(model, states)                    # TRT-LLM's own Mamba2Mixer: not installed here
+    # a mixer that picks per-phase kernels (``_stp_ssu_func`` / ``_mtp_ssu_func``) has no seam to route
+    per_phase = type("Mamba2Mixer", (Mamba2Mixer,), {})
+    mixer = per_phase(LAYER_IDS[0], params.A[0], params.D[0], params.dt_bias[0])
+    del mixer.selective_state_update_func
+    with pytest.raises(RuntimeError, match="has no selective_state_update_func, the call site replay routes"):
+        wire_mamba2(torch.nn.ModuleList([mixer]), states, mixer_class=per_phase)
 
 
 def _spec_manager(monkeypatch, drafts=2, window=4, **kwargs):
@@ -333,10 +343,14 @@ def _speculative_run(manager, model, params, gen, T):
 
 class MambaCacheManager:
     """TRT-LLM's facade over its Python manager (00bce92; the Mixed hybrid manager's base): builds
-    ``self._impl`` by the module-global name ``PythonMambaCacheManager`` and forwards to it."""
+    ``self._impl`` by the module-global name ``PythonMambaCacheManager`` and forwards to it; its own
+    ``update_mamba_states`` passes the latest releases' four arguments by position (2829508)."""
 
     def __init__(self, module, **kwargs):
         self._impl = module.PythonMambaCacheManager(**kwargs)
+
+    def update_mamba_states(self, attn_metadata, num_accepted_tokens, state_indices, accepted_leaf_positions=None):
+        self._impl.update_mamba_states(attn_metadata, num_accepted_tokens, state_indices, accepted_leaf_positions)
 
     def __getattr__(self, name):
         return getattr(self._impl, name)
@@ -351,6 +365,30 @@ def _reenacted_gdn_module(monkeypatch):
         "__module__": module.__name__, "forward_extend": lambda self, conv_states, ssm_states, **kwargs: None})
     monkeypatch.setitem(sys.modules, module.__name__, module)
     return module
+
+
+def test_later_gdn_modules_decode_paths_are_refused_or_routed(monkeypatch):
+    """Decode paths of later TRT-LLM GDN modules (the newest the index holds) that bypass the routed
+    functions: a mixed batch's recurrent decode rows and the PDL decode pair are refused while on;
+    FlashInfer's in-place decode is routed off for replay states."""
+    from replayssm.integrations.trtllm.mixer import register, route_gdn_class
+
+    gdn = _reenacted_gdn_module(monkeypatch)
+    gdn._MIXED_DECODE_RECURRENT = True
+    with pytest.raises(RuntimeError, match="set TLLM_GDN_MIXED_DECODE_RECURRENT=0"):
+        route_gdn_class(gdn.Qwen3NextGatedDeltaNet)
+    gdn._MIXED_DECODE_RECURRENT = False
+    gdn.can_use_gdn_decode_pdl_pair = lambda *args: True
+    monkeypatch.delenv("TRTLLM_GDN_DISABLE_PDL_DECODE_PAIR", raising=False)
+    with pytest.raises(RuntimeError, match="set TRTLLM_GDN_DISABLE_PDL_DECODE_PAIR=1"):
+        route_gdn_class(gdn.Qwen3NextGatedDeltaNet)
+    monkeypatch.setenv("TRTLLM_GDN_DISABLE_PDL_DECODE_PAIR", "1")
+    gdn._can_use_flashinfer_gdn_decode = lambda ssm_states, *args: True
+    route_gdn_class(gdn.Qwen3NextGatedDeltaNet)
+    gen, params, states, model, manager = _setup()
+    register(states)
+    assert gdn._can_use_flashinfer_gdn_decode(states.ssm_states[0], 128, 128, 4, 4) is False
+    assert gdn._can_use_flashinfer_gdn_decode(torch.zeros(S, 4, 8, 8), 128, 128, 4, 4) is True
 
 
 def test_enable_replay_puts_replay_managers_and_layers_in_trtllm_executor(monkeypatch):
@@ -392,7 +430,10 @@ def test_enable_replay_puts_replay_managers_and_layers_in_trtllm_executor(monkey
     params = Params(SPEC, len(LAYER_IDS), gen)
     model = torch.nn.ModuleList([mixer_class(i, params.A[k], params.D[k], params.dt_bias[k])
                                  for k, i in enumerate(LAYER_IDS)])
-    _speculative_run(manager, model, params, gen, T)
+    _speculative_run(manager, model, params, gen, T)  # its commits through the facade's positional call
+    with pytest.raises(ValueError, match="accepted_leaf_positions: tree verify"):
+        manager.update_mamba_states(SimpleNamespace(num_contexts=0, num_seqs=1), torch.tensor([1]), torch.tensor([0]),
+                                    torch.zeros(1))
     # states replay does not own keep TRT-LLM's functions
     with pytest.raises(AssertionError, match="not routed"):
         model[0].selective_state_update_func(torch.zeros(S, H, P, N), None, None, None, None, None)
@@ -410,6 +451,17 @@ def test_layer_spec_from_trtllm_state_tensors():
         layer_spec("kimi_linear", temporal, conv)
     with pytest.raises(ValueError, match="conv: 5 channels do not fit"):
         layer_spec("nemotron_hybrid", torch.zeros(1, 2, H, P, N), torch.zeros(1, 2, 5, 3))
+
+
+def test_a_manager_shut_down_lets_its_replay_state_go(monkeypatch):
+    import gc
+    import weakref
+
+    manager = _spec_manager(monkeypatch)
+    replay, state = weakref.ref(manager.replay), weakref.ref(manager.mamba_cache.temporal)
+    manager.shutdown()
+    gc.collect()
+    assert manager.replay is None and replay() is None and state() is None
 
 
 def test_speculative_manager_refusals(monkeypatch):

@@ -40,8 +40,10 @@ import torch
 import replayssm as rs
 
 # where TRT-LLM keeps its Python mamba manager, newest layout first (``pyexecutor/mamba_cache_manager.py`` at
-# 00bce92; later the ``kv_cache/mamba_cache_manager`` package, whose ``legacy`` module builds it by name)
+# 00bce92; then one ``kv_cache/mamba_cache_manager.py`` module, as at 003f8d0; later a
+# ``kv_cache/mamba_cache_manager`` package, whose ``legacy`` module builds it by name, as at 2829508)
 MANAGER_MODULES = ("tensorrt_llm._torch.pyexecutor.kv_cache.mamba_cache_manager.legacy",
+                   "tensorrt_llm._torch.pyexecutor.kv_cache.mamba_cache_manager",
                    "tensorrt_llm._torch.pyexecutor.mamba_cache_manager")
 # TRT-LLM's events at the call sites (``mixer``) -> the ReplayMambaStates verb each takes: ``flush``
 # folds the rows' rings into TRT-LLM's state before its kernels read it, ``refresh`` empties them
@@ -278,8 +280,18 @@ def cache_manager_class(base=None, *, defaults: dict | None = None):
             pads = tuple(p for p in (self._padding_slot, self._attention_dp_dummy_slot) if p is not None)
             self.replay = ReplayMambaStates(spec, replay_cfg, temporal, state_layout=layout, padding_slots=pads)
 
-        def update_mamba_states(self, attn_metadata, num_accepted_tokens, state_indices=None, **kwargs):
-            if kwargs.get("accepted_leaf_positions") is not None:
+        def shutdown(self):
+            # TRT-LLM empties its state tensors here, so that their memory is freed while references to
+            # the manager remain (the memory estimation's manager, before the serving one is built): the
+            # replay state over them (ring, read copy, the layer registry's entries) goes with them
+            self.replay = None
+            super().shutdown()
+
+        def update_mamba_states(self, attn_metadata, num_accepted_tokens, state_indices=None,
+                                accepted_leaf_positions=None):
+            # TRT-LLM's facade (MambaCacheManager) passes these by position: the first two, then
+            # state_indices in later versions, then accepted_leaf_positions (tree verify) in the latest
+            if accepted_leaf_positions is not None:
                 raise ValueError("accepted_leaf_positions: tree verify is not wired to replay")
             if state_indices is None:                 # TRT-LLM versions whose signature has none
                 state_indices = self.state_indices

@@ -45,6 +45,7 @@ row's ring is emptied after (``refresh``); with one, only the prefill rows' ring
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import types
 import weakref
@@ -137,6 +138,7 @@ def wire_mamba2(model: torch.nn.Module, states: ReplayMambaStates, *, mixer_clas
     for mixer in mixers:
         if getattr(mixer.forward, "replayssm_wired", False):
             raise ValueError(f"model: mixer of layer {mixer.layer_idx} is already wired to replay")
+        _require_ssu(mixer)
         mixer.selective_state_update_func = replay_selective_state_update
         mixer.forward = types.MethodType(_resetting_prefills(type(mixer).forward), mixer)
     return len(mixers)
@@ -154,11 +156,22 @@ def route_mamba2_class(mixer_class) -> None:
     @functools.wraps(init)
     def routed_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
+        _require_ssu(self)
         self.selective_state_update_func = _route(self.selective_state_update_func, replay_selective_state_update,
                                                   "state")
 
     mixer_class.__init__ = routed_init
     mixer_class.forward = _resetting_prefills(mixer_class.forward)
+
+
+def _require_ssu(mixer) -> None:
+    """The mixer calls its state update through ``selective_state_update_func`` (the seam replay
+    routes); RuntimeError otherwise (TRT-LLM versions whose mixer picks per-phase kernels instead,
+    which would keep writing the state past replay)."""
+    if not callable(getattr(mixer, "selective_state_update_func", None)):
+        raise RuntimeError(f"{type(mixer).__name__}: this TensorRT-LLM's Mamba-2 mixer has no "
+                           "selective_state_update_func, the call site replay routes; its kernels would update "
+                           "the state past replay, so it is not served")
 
 
 def _resetting_prefills(forward):
@@ -270,6 +283,12 @@ def _route(original, replay, state: str):
     return routed
 
 
+def _no_other_decode(*args, **kwargs) -> bool:
+    """``_can_use_flashinfer_gdn_decode`` for replay states: their decode is replay's (through
+    ``fused_sigmoid_gating_delta_rule_update``), never FlashInfer's in-place update."""
+    return False
+
+
 def _replays_every_verify(*args, **kwargs) -> bool:
     """``_can_use_flashinfer_gdn_verify`` for replay states: their verify is replay's."""
     return True
@@ -324,6 +343,17 @@ def _route_gdn_module(module) -> None:
     if missing:
         raise ValueError(f"layer_class: its module {module.__name__} has no {', '.join(missing)} to route (written "
                          "against TRT-LLM 0d4bd90)")
+    # later TRT-LLM modules step decode rows through kernels these routes do not reach, unless turned off: a
+    # mixed batch's decode rows through the recurrent decode inside forward_extend (whose rings the extend's
+    # refresh would then empty), and a standard decode as a PDL pair with the conv (gdn_decode_pdl_update)
+    if getattr(module, "_MIXED_DECODE_RECURRENT", False):
+        raise RuntimeError(f"{module.__name__}: a mixed batch's decode rows bypass replay's routes; set "
+                           "TLLM_GDN_MIXED_DECODE_RECURRENT=0 before TensorRT-LLM is imported")
+    if hasattr(module, "can_use_gdn_decode_pdl_pair") and os.environ.get("TRTLLM_GDN_DISABLE_PDL_DECODE_PAIR") != "1":
+        raise RuntimeError(f"{module.__name__}: its PDL decode pair (gdn_decode_pdl_update) bypasses replay's "
+                           "routes; set TRTLLM_GDN_DISABLE_PDL_DECODE_PAIR=1")
+    if getattr(module, "_can_use_flashinfer_gdn_decode", None) is not None:
+        routes["_can_use_flashinfer_gdn_decode"] = lambda f: _route(f, _no_other_decode, "ssm_states")
     for name, route in routes.items():
         if not hasattr(getattr(module, name), "replayssm_original"):
             setattr(module, name, route(getattr(module, name)))
