@@ -530,6 +530,17 @@ def test_slot_events_follow_sglang_clear_copy_and_host_copy(replay_on):
     mp.load_cpu_copy(host, c)
     assert torch.equal(mp.mamba_cache.temporal[:, c], host[1].to(DEVICE))
     _assert_read_copy_is_encoded_checkpoint(mp, c)
+    run.adopt(c, host[1].to(DEVICE))
+    run.decode(c)                                            # a retraction's offload and resume pass a request's
+    assert mp.replay.cursors["count"][:, c].eq(1).all()      # slot as SGLang stores it: a 0-d tensor
+    host = mp.get_cpu_copy(c[0])
+    for layer in range(len(LAYERS)):
+        assert rms_ratio(host[1][layer].to(DEVICE), run.oracle[layer, c.item()]) < TOL["float32"]
+    mp.clear_slots(c)
+    mp.load_cpu_copy(host, c[0])
+    assert torch.equal(mp.mamba_cache.temporal[:, c[0]], host[1].to(DEVICE))
+    assert mp.replay.cursors["count"][:, c].eq(0).all()
+    _assert_read_copy_is_encoded_checkpoint(mp, c)
 
 
 def test_finishing_request_slot_is_flushed_before_the_tree_takes_it(replay_on):

@@ -167,8 +167,9 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
             after=lambda backend, forward_batch, h, ssm_states, forward_metadata, *args, **kwargs:
             pool.on_state("track extend", ssm_states, pool.track_extend_slots(forward_metadata)))
     # HiCache's host tier: a backup flushes every layer the host pool backs up (on 0.5.23 MTP draft
-    # layers too, when their pool replays), on SGLang's device-to-host stream; a radix-tree slot's
-    # ring is already empty, a slot backed up while it decodes (a retracted request) is not. A load
+    # layers too, when their pool replays), on SGLang's device-to-host stream. SGLang backs up radix-tree
+    # slots, whose rings the tree donation emptied, so this finds nothing to fold; it keeps a slot whose
+    # ring is not empty (no SGLang path backs one up) from reaching the host tier without it. A load
     # refreshes that layer on the host-to-device stream before SGLang signals the layer done (on the
     # Triton backend reading no device value, so the load stays asynchronous)
     def flush_backup(host, device_pool, host_indices, device_indices, *args, **kwargs):

@@ -177,13 +177,14 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
             super().copy_from(src_indices, dst_indices)
             on_event("copy", self, src_indices, dst=dst_indices)
 
+        # SGLang passes a request's own slot as a 0-d tensor here (a retraction's offload and resume)
         def get_cpu_copy(self, indices):
-            on_event("cpu copy", self, indices.unique())
+            on_event("cpu copy", self, indices.reshape(-1).unique())
             return super().get_cpu_copy(indices)
 
         def load_cpu_copy(self, mamba_cache_cpu, indices):
             super().load_cpu_copy(mamba_cache_cpu, indices)
-            on_event("cpu load", self, indices)
+            on_event("cpu load", self, indices.reshape(-1))
 
     return ReplayMambaPool
 
