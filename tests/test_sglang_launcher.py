@@ -260,6 +260,10 @@ def test_dry_run_served_modes(environ, capsys, flags, MODEL):
     out = _dry_run(capsys, ["--replay-ssm"] + MODEL + flags)
     assert out["sglang_args"][:len(MODEL) + len(flags)] == MODEL + flags
     assert out["replay"]["window"] == 16
+    # a PD decode server keeps no radix tree: SGLang's overlap scheduler stays on there
+    tree = flags != ["--disaggregation-mode", "decode"]
+    assert ("--mamba-radix-cache-strategy" in out["sglang_args"]) == tree
+    assert ("--disable-overlap-schedule" in out["sglang_args"]) == tree
 
 
 def test_replay_off_passes_everything_through(environ, capsys, MODEL):

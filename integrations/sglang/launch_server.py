@@ -129,7 +129,9 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
     if strategy not in (None, "no_buffer", "extra_buffer"):
         raise SystemExit(f"--mamba-radix-cache-strategy: replayssm serves no_buffer and extra_buffer; got {strategy}")
     speculative = algorithm is not None
-    if strategy is None and "--disable-radix-cache" not in rest:
+    # a PD decode server keeps no radix tree (SGLang gives it the chunk cache): no strategy to choose
+    no_tree = "--disable-radix-cache" in rest or _flag_value(rest, "--disaggregation-mode") == "decode"
+    if strategy is None and not no_tree:
         sglang_args += ["--mamba-radix-cache-strategy", "no_buffer"]
         strategy = "no_buffer"
     if (strategy == "no_buffer" or strategy == "extra_buffer" and speculative) \
