@@ -279,8 +279,9 @@ class StatePool:
                 (ignored for padded rows).
             checked: False (triton backend) skips the host-side checks of slots and counts and
                 reads no device value, for hosts that drive steps with ``checked=False``
-                (``replayssm.decode``); ``num_accepted`` must then be on the pool's device, and a
-                slot outside ``[0, num_slots)`` is a padded row (skipped).
+                (``replayssm.decode``); ``num_accepted`` must then be on the pool's device, a slot
+                outside ``[0, num_slots)`` is a padded row (skipped), and a count outside
+                ``[0, T]`` keeps the nearest end (0 drops the verify).
         """
         if not checked:
             self.require_unchecked()

@@ -100,9 +100,13 @@ def _read_consts(read_format: int, cols: int) -> dict:
     return dict(ROW_CODE_BYTES=cols if fp8 else cols // 2, CODE_MAX=448.0 if fp8 else 6.0)
 
 
-def _read_buffers(read_codes, read_block_scale, read_row_scale, ref: torch.Tensor):
-    if read_codes is None:
+def _read_buffers(read_codes, read_block_scale, read_row_scale, ref: torch.Tensor, read_format: int):
+    """The read-copy buffers a launch takes (``ref`` in their place, never written, for the checkpoint
+    as the read format); ValueError unless a read copy's format comes with its three buffers."""
+    if read_format == ReadCode.CHECKPOINT:
         return ref, ref, ref
+    if read_codes is None:
+        raise ValueError("read_codes: a read copy (fp8 / nvfp4) needs its codes, block scales and row scales")
     for name, t in (("read_codes", read_codes), ("read_block_scale", read_block_scale),
                     ("read_row_scale", read_row_scale)):
         if t is None or not t.is_contiguous():
@@ -123,6 +127,8 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
     n, T = x.shape[:2]
     _require_committed(committed, T)
     G, C_cap = ring_B.shape[1], ring_B.shape[2]
+    if G == 0 or H % G:
+        raise ValueError(f"ring_B: {H} heads need a group count dividing them, got {G}")
     _require("ring_x", ring_x, (S, H, C_cap, P), contiguous=True)
     _require("ring_dt", ring_dt, (S, H, C_cap), torch.float32, contiguous=True)
     _require("ring_B", ring_B, (S, G, C_cap, N), ring_x.dtype, contiguous=True)
@@ -137,7 +143,7 @@ def mamba2_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], re
             _require(name, t, (H,), torch.float32, contiguous=True)
     if z is not None:
         _require("z", z, (n, T, H, P))
-    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_dt)
+    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_dt, read_format)
     zz = z if z is not None else x
     BM = _window_block(C_cap)
     const = dict(T=T, H=H, G=G, P=P, N=N, BM=BM, COMMITTED=committed, HAS_D=D is not None,
@@ -204,6 +210,8 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
     n, T = v.shape[:2]
     _require_committed(committed, T)
     HK, C_cap = ring_k.shape[1], ring_k.shape[2]
+    if HK == 0 or HV % HK:
+        raise ValueError(f"ring_k: {HV} value heads need a key head count dividing them, got {HK}")
     per_channel = g.dim() == 4
     _require("ring_k", ring_k, (S, HK, C_cap, K), contiguous=True)
     _require("ring_v", ring_v, (S, HV, C_cap, V), ring_k.dtype, contiguous=True)
@@ -221,7 +229,7 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
         _require("q_scale", q_scale, (n, T, HK), torch.float32)
     # without q_scale the kernels' factor pointer receives ring_beta (never read)
     qs, qs_strides = (q_scale, q_scale.stride()) if q_scale is not None else (ring_beta, (0, 0, 0))
-    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_beta)
+    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, ring_beta, read_format)
     BM = _history_block(C_cap, window, T)
     const = dict(T=T, HK=HK, HV=HV, K=K, V=V, BM=BM, COMMITTED=committed, PER_CHANNEL=per_channel,
                  HAS_QS=q_scale is not None, CKPT_FMT=checkpoint_format, READ_FMT=read_format,
@@ -288,8 +296,9 @@ def store_checkpoint(state: torch.Tensor, slots: torch.Tensor, checkpoint: torch
     and re-derive their read copy; ``checkpoint [S, heads, A, B]`` updated in place."""
     r, heads, a, b = state.shape
     _require("checkpoint", checkpoint, (checkpoint.shape[0], heads, a, b), any_strides=True)
+    _require("slots", slots, (r,), torch.int64, contiguous=True)
     rows_n, cols_n = (b, a) if is_delta else (a, b)
-    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, state)
+    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, state, read_format)
     BR = min(32, max(16, triton.next_power_of_2(rows_n)))
     _store_checkpoint_kernel[(triton.cdiv(rows_n, BR), heads, r)](
         state=state, **_strides(state, "s_r", "s_h", "s_a", "s_b"), slots=slots, ckpt=checkpoint,
@@ -303,7 +312,7 @@ def store_checkpoint(state: torch.Tensor, slots: torch.Tensor, checkpoint: torch
 def refresh_read_copy(checkpoint: torch.Tensor, slots: torch.Tensor, read_codes: torch.Tensor,
                       read_block_scale: torch.Tensor, read_row_scale: torch.Tensor, is_delta: bool,
                       read_format: int) -> None:
-    """Re-derive the read copy of ``slots [r]`` (int64, slots of the pool; -1 = padding, skipped) from
+    """Re-derive the read copy of ``slots [r]`` (int64; -1 or any slot outside the pool: padding, skipped) from
     their stored checkpoint ``[S, heads, A, B]`` (canonical, any strides; not written): the bytes
     ``store_checkpoint`` writes for the same values. Read copy updated in place."""
     _, heads, a, b = checkpoint.shape
@@ -311,13 +320,13 @@ def refresh_read_copy(checkpoint: torch.Tensor, slots: torch.Tensor, read_codes:
     rows_n, cols_n = (b, a) if is_delta else (a, b)
     if read_format == ReadCode.CHECKPOINT:
         raise ValueError("read_format: expected a read-copy format (fp8 or nvfp4), got the checkpoint's")
-    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, checkpoint)
+    codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, checkpoint, read_format)
     if slots.shape[0] == 0:
         return
     BR = min(32, max(16, triton.next_power_of_2(rows_n)))
     _refresh_read_copy_kernel[(triton.cdiv(rows_n, BR), heads, slots.shape[0])](
         ckpt=checkpoint, **_strides(checkpoint, "c_s", "c_h", "c_a", "c_b"), slots=slots, codes=codes,
-        block_scale=bs, row_scale=rs, HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR, IS_DELTA=is_delta,
+        block_scale=bs, row_scale=rs, num_slots=checkpoint.shape[0], HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR, IS_DELTA=is_delta,
         READ_FMT=read_format, num_warps=4, **_read_consts(read_format, cols_n))
 
 

@@ -246,6 +246,16 @@ def test_refresh_read_copy_is_bit_exact(family, fmt):
                 (layout, name)
             assert buf[1, [1, 2]].view(torch.uint8).eq(0xFF).all() and buf[0].view(torch.uint8).eq(0xFF).all(), \
                 (layout, name)
+        # the op itself skips any slot outside the pool, as the step kernels do (a host calling it directly)
+        from replayssm.kernels.backend import layer_state
+        buffers = layer_state(tri, 1)
+        before = {name: buf.clone() for name, buf in tri.read.items()}
+        ops.refresh_read_copy(checkpoint=buffers["checkpoint"], slots=torch.tensor([S, 99, -7], device=DEVICE),
+                              read_codes=buffers["read_codes"], read_block_scale=buffers["read_block_scale"],
+                              read_row_scale=buffers["read_row_scale"], is_delta=spec.is_delta,
+                              read_format=READ_CODES[cfg.read_format])
+        for name, buf in tri.read.items():
+            assert torch.equal(buf.view(torch.uint8), before[name].view(torch.uint8)), (layout, name)
 
 
 @triton.jit
@@ -669,6 +679,29 @@ def test_flush_pass_finds_the_flush_rows_of_staggered_rows(monkeypatch, family, 
     for name in ref.cursors:
         assert torch.equal(ref.cursors[name], tri.cursors[name]), name
     assert rms_ratio(tri.checkpoint.float(), ref.checkpoint.float()) < 1e-5
+
+
+def test_ops_refuse_a_read_format_without_its_buffers_and_heads_that_do_not_divide():
+    """Op-level checks a host calling the torch ops directly meets (the pool passes consistent buffers):
+    a read copy's format without its buffers, and head counts whose ratio the kernels index by."""
+    spec, cfg = SPECS["gdn"], rs.ReplayConfig(window=4, read_format="nvfp4")
+    pool = rs.StatePool(spec, cfg, num_layers=1, num_slots=3, device=DEVICE, backend="triton")
+    slots = pool.alloc(2)
+    from replayssm.kernels.backend import layer_state
+    buffers = layer_state(pool, 0)
+    with pytest.raises(ValueError, match="read_codes: a read copy .* needs its codes"):
+        ops.refresh_read_copy(checkpoint=buffers["checkpoint"], slots=slots, read_codes=None, read_block_scale=None,
+                              read_row_scale=None, is_delta=True, read_format=READ_CODES["nvfp4"])
+    inp = make_inputs(spec, Params(spec, 1, torch.Generator().manual_seed(3)), 0, 2, None,
+                      torch.Generator().manual_seed(3), device=DEVICE)
+    ring = {name: buf[0] for name, buf in pool.ring.items()}
+    odd = torch.empty(3, 3, *ring["k"].shape[2:], dtype=ring["k"].dtype, device=DEVICE)      # 3 key heads
+    with pytest.raises(ValueError, match=r"ring_k: 4 value heads need a key head count dividing them, got 3"):
+        ops.delta_plan(buffers["checkpoint"], None, None, None, odd, ring["v"], ring["g"], ring["beta"], ring["d"],
+                       pool.cursors["count"][0], pool.cursors["origin"][0], pool.cursors["epoch"][0], slots,
+                       inp["q"][:, None], inp["k"][:, None], inp["v"][:, None], inp["g"][:, None],
+                       inp["beta"][:, None], torch.empty_like(inp["v"][:, None]), 1.0, 4, True, 0,
+                       READ_CODES["checkpoint"], 0)
 
 
 def test_ops_are_registered_with_mutation_schemas():

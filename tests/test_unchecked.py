@@ -82,6 +82,24 @@ def test_unchecked_steps_equal_checked_steps_and_read_no_device_value(family):
     assert torch.equal(checked.checkpoint, free.checkpoint)
 
 
+def test_an_unchecked_commit_keeps_counts_within_the_verify():
+    """A host's bad accept counts reach the unchecked commit as they are: a negative count, one past
+    the verify's T, an int64 that truncates to -1 as int32, a second commit and a commit without a
+    verify keep the nearest end of ``[0, T]``, so no count leaves the ring's entries."""
+    spec, (checked, free), (sc, sf) = _pools("gdn")
+    gen = torch.Generator().manual_seed(8)
+    params = Params(spec, 2, gen)
+    for layer in range(2):                                 # one decode (count 1), then a verify of T = 2
+        rs.decode(free, layer, sf, checked=False, **make_inputs(spec, params, layer, 3, None, gen, device=DEVICE))
+        rs.verify(free, layer, sf, checked=False, **make_inputs(spec, params, layer, 3, 2, gen, device=DEVICE))
+    assert free.cursors["count"][:, sf].tolist() == [[1, 1, 1]] * 2 and free.cursors["pending"][:, sf].eq(2).all()
+    free.commit(sf, torch.tensor([-5, 3, 2 ** 32 - 1], device=DEVICE), checked=False)
+    assert free.cursors["count"][:, sf].tolist() == [[1, 3, 3]] * 2
+    assert free.cursors["pending"][:, sf].eq(0).all()
+    free.commit(sf, torch.tensor([2, 2, 2], device=DEVICE), checked=False)     # nothing pending: no change
+    assert free.cursors["count"][:, sf].tolist() == [[1, 3, 3]] * 2
+
+
 @pytest.mark.parametrize("family, fmt", [("mamba2", {}), ("gdn", {}), ("kda", {}), ("gdn", dict(read_format="nvfp4")),
                                          ("kda", dict(read_format="fp8", checkpoint_dtype="float16_sr")),
                                          ("mamba2", dict(read_format="nvfp4", checkpoint_dtype="bfloat16"))])

@@ -348,7 +348,7 @@ def _store_checkpoint_kernel(
     CODE_MAX: tl.constexpr,
 ):
     # Read layout [rows, cols]: Mamba-2 [P, N] = canonical; delta [V, K] = canonical [K, V] transposed.
-    pid_r, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_r, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)   # r rows: 64-bit offsets
     slot = tl.load(slots + i)
     ep = tl.load(epoch + slot)
     rows = pid_r * BR + tl.arange(0, BR)
@@ -374,15 +374,16 @@ def _refresh_read_copy_kernel(
     ckpt, c_s, c_h, c_a, c_b,                  # [S, heads, A, B] checkpoint of one layer (any strides)
     slots,                                     # [r] int64, slots of the pool; -1 = padding
     codes, block_scale, row_scale,             # read copy of one layer, contiguous [S, heads, rows, ...]
+    num_slots,                                 # S
     HEADS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, BR: tl.constexpr,
     IS_DELTA: tl.constexpr, READ_FMT: tl.constexpr, ROW_CODE_BYTES: tl.constexpr, CODE_MAX: tl.constexpr,
 ):
     # program (row tile, head, slot): BR read rows of one (slot, head), re-encoded from the stored
     # checkpoint; read layout [rows, cols] as in _store_checkpoint_kernel. A padded slot's programs
-    # return at once (a masked refresh of a batch is mostly padded rows)
+    # (-1 or any slot outside [0, S)) return at once (a masked refresh of a batch is mostly padded rows)
     pid_r, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slots + i)
-    if slot < 0:
+    if (slot < 0) | (slot >= num_slots):
         return
     rows = pid_r * BR + tl.arange(0, BR)
     cols = tl.arange(0, COLS)

@@ -100,12 +100,17 @@ ADVANCE_KERNEL = _advance_kernel
 
 @triton.jit
 def _commit_kernel(count_ptr, pending_ptr, layer_stride, slots, num_slots, num_accepted, n, BLOCK: tl.constexpr):
-    # cursors [NL, S + 1]; program (block, layer); padded rows (slot -1 or outside the pool) are skipped
+    # cursors [NL, S + 1]; program (block, layer); padded rows (slot -1 or outside the pool) are skipped.
+    # A count outside [0, pending] (a host's bad value, a commit without a verify or a second commit)
+    # keeps the nearest end: count never drops below its committed entries nor takes a token the
+    # verify did not append, so a ring position never leaves [0, C)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     layer = tl.program_id(1)
     s = tl.load(slots + i, mask=i < n, other=-1)
     m = in_pool(s, num_slots)
-    acc = tl.load(num_accepted + i, mask=m, other=0).to(tl.int32)
+    pending = tl.load(pending_ptr + layer * layer_stride + s, mask=m, other=0)
+    acc = tl.load(num_accepted + i, mask=m, other=0)
+    acc = tl.minimum(tl.maximum(acc, 0), pending.to(acc.dtype)).to(tl.int32)
     c = count_ptr + layer * layer_stride + s
     tl.store(c, tl.load(c, mask=m, other=0) + acc, mask=m)
     tl.store(pending_ptr + layer * layer_stride + s, tl.zeros_like(acc), mask=m)
