@@ -184,7 +184,9 @@ def test_kda_refusals(server_args):
         assert kda_fused_decode.covered() is False                       # K3's fused decode stays off
         req_pool = _req_pool()
         runner = _runner(server_args, req_pool)
-        assert isinstance(KDAAttnBackend(runner), KDAAttnBackend)
+        backend = KDAAttnBackend(runner)
+        # 0.5.23's breakable prefill CUDA graphs would capture the extend past the extend hooks
+        assert getattr(backend, "supports_prefill_graph_extend", lambda: False)() is False
         triton = LinearAttnKernelBackend("triton")
         runner.linear_attn_backends = LinearAttnBackends(decode=triton, prefill=triton,
                                                          verify=LinearAttnKernelBackend("flashinfer"))

@@ -251,7 +251,8 @@ def test_dry_run_extra_buffer_with_speculative_decoding(environ, capsys, gpu_pla
 
 @pytest.mark.parametrize("flags", [["--enable-hierarchical-cache"], ["--enable-mixed-chunk"],
                                    ["--enable-int8-mamba-checkpoint"], ["--disaggregation-mode", "prefill"],
-                                   ["--disaggregation-mode", "decode"]])
+                                   ["--disaggregation-mode", "decode"],
+                                   ["--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache"]])
 def test_dry_run_served_modes(environ, capsys, flags, MODEL):
     """Served with replay: HiCache's host tier (its backups and loads go through the replay hooks,
     test_sglang_hicache.py), mixed batches (the extend hooks fold the decode rows' rings first,
@@ -286,6 +287,8 @@ def test_replay_off_passes_everything_through(environ, capsys, MODEL):
      "--mamba-radix-cache-strategy: replayssm serves no_buffer and extra_buffer; got extra_buffer_lazy"),
     (["--enable-mamba-cache-stochastic-rounding"], "--enable-mamba-cache-stochastic-rounding: not served"),
     (["--linear-attn-decode-backend", "flashinfer"], "--linear-attn-decode-backend: replay routes GDN / KDA"),
+    (["--speculative-algorithm", "DFLASH"], "--speculative-algorithm: replay verifies a dense chain of drafts; DFLASH"),
+    (["--enable-lmcache"], "--enable-lmcache: not served with --replay-ssm"),
 ])
 def test_refusals(environ, args, match, MODEL):
     with pytest.raises(SystemExit, match=match):

@@ -15,10 +15,11 @@ where the releases differ, ``versions``).
 | ``GDNAttnBackend.forward_extend`` | around an extend (not a verify): the rows flushed before, refreshed after |
 | ``TritonKDAKernel.packed_decode`` / ``decode`` / ``target_verify`` (``KDAAttnBackend``'s kernel seam) | replay KDA decode / verify |
 | ``kda_fused_decode.covered``, ``KDAAttnBackend._can_run_fused_chain_verify`` (0.5.23) / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
+| ``KDAAttnBackend.supports_prefill_graph_extend`` (0.5.23) | False: a breakable prefill CUDA graph would capture the KDA extend past the extend hooks |
 | ``KDAAttnBackend.forward_extend`` | around an extend (not a verify): the rows flushed before, refreshed after |
 | ``MambaPoolHost.backup_from_device_all_layer`` / ``load_to_device_per_layer`` (HiCache's host tier) | slots flushed before a backup, refreshed after each layer's load |
 | ``MambaCheckpointPool.store_from_active`` / ``load_to_active`` (int8 radix store) | active slots flushed before a store (after the forwards already issued), refreshed after a load |
-| ``ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt`` (PD decode side) | the transferred requests' slots refreshed |
+| ``ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt`` (PD decode side) | the transferred requests' slots refreshed, after the forwards already issued |
 | ``MambaAttnBackendBase.__init__`` | refuses a linear backend whose family is not the pool's, and GDN / KDA kernels other than Triton |
 
 Every slot event takes its StatePool verb from ``pool.EVENTS`` (``pool.on_state`` / ``on_pool``).
@@ -156,6 +157,10 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
     _patch(kda_fused_decode, "covered", not_taken)
     for name in seams.kda_fused_paths:
         _patch(KDAAttnBackend, name, not_taken)
+    # 0.5.23's breakable prefill CUDA graphs capture a KDA extend on their own slot tables, past the
+    # extend hooks that fold and reset its rows' rings: the extend breaks out of the graph, as GDN's does
+    if "supports_prefill_graph_extend" in KDAAttnBackend.__dict__:
+        _patch(KDAAttnBackend, "supports_prefill_graph_extend", not_taken)
 
     for backend_cls in (GDNAttnBackend, KDAAttnBackend):
         _patch(backend_cls, "forward_extend", around_extend(backend_cls.forward_extend))
@@ -190,8 +195,8 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
     # PD disaggregation, decode side: the prefill server's whole state landed in a PREBUILT batch's
     # slots (no forward runs before their first decode), whose rings still hold the previous occupant's
     _around(ScheduleBatchDisaggregationDecodeMixin, "prepare_for_prebuilt",
-            after=lambda batch: pool.on_pool("transfer", batch.req_to_token_pool.mamba_pool,
-                                             pool.request_slots(batch.req_to_token_pool, batch.reqs)))
+            after=lambda batch: pool.after_forwards("transfer", batch.req_to_token_pool.mamba_pool,
+                                                    pool.request_slots(batch.req_to_token_pool, batch.reqs)))
     _around(hlab.MambaAttnBackendBase, "__init__",
             after=lambda backend, model_runner: check_linear_backend(backend, model_runner))
 

@@ -40,6 +40,11 @@ _REFUSED = {
     "enable_unified_memory": ("--enable-unified-memory", False, "its mamba pool class is not the replay pool"),
     "enable_mamba_cache_stochastic_rounding": ("--enable-mamba-cache-stochastic-rounding", False,
                                                "use --replay-checkpoint-dtype float16_sr"),
+    "enable_lmcache": ("--enable-lmcache", False, "LMCache loads a state into a mamba slot past the replay hooks"),
+    # SGLang 0.5.23 (0.5.17 has no such field)
+    "enable_unified_cache_external_linker": ("--enable-unified-cache-external-linker", False,
+                                             "the external linker loads a state into a mamba slot past the replay "
+                                             "hooks"),
 }
 
 
@@ -107,6 +112,9 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
     if topk is not None and int(topk) > 1:
         raise SystemExit(f"--speculative-eagle-topk: replay verifies a chain of drafts; expected 1, got {topk}")
     algorithm = _flag_value(rest, "--speculative-algorithm")
+    if algorithm is not None and algorithm.upper() in ("DFLASH", "DSPARK"):
+        raise SystemExit(f"--speculative-algorithm: replay verifies a dense chain of drafts; {algorithm}'s ragged "
+                         "verify is not built")
     breadth = _flag_value(rest, "--speculative-ngram-max-bfs-breadth")
     if algorithm is not None and algorithm.upper() == "NGRAM" and (breadth is None or int(breadth) > 1):
         # SGLang's NGRAM verifies a draft tree this wide (its default: 10)
@@ -129,8 +137,11 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
     if strategy not in (None, "no_buffer", "extra_buffer"):
         raise SystemExit(f"--mamba-radix-cache-strategy: replayssm serves no_buffer and extra_buffer; got {strategy}")
     speculative = algorithm is not None
-    # a PD decode server keeps no radix tree (SGLang gives it the chunk cache): no strategy to choose
-    no_tree = "--disable-radix-cache" in rest or _flag_value(rest, "--disaggregation-mode") == "decode"
+    # a PD decode server keeps no radix tree (SGLang gives it the chunk cache) unless asked for one: no
+    # strategy to choose
+    no_tree = "--disable-radix-cache" in rest or (
+        _flag_value(rest, "--disaggregation-mode") == "decode"
+        and not {"--disaggregation-decode-enable-radix-cache", "--enable-hierarchical-cache"} & set(rest))
     if strategy is None and not no_tree:
         sglang_args += ["--mamba-radix-cache-strategy", "no_buffer"]
         strategy = "no_buffer"
@@ -156,7 +167,7 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
 def check_server_args(server_args) -> None:
     """SystemExit naming the flag when SGLang's resolved settings combine replay with what it does not serve."""
     for field, (flag, fine, why) in _REFUSED.items():
-        value = getattr(server_args, field)
+        value = getattr(server_args, field, fine)
         if value != fine:
             raise SystemExit(f"{flag}: not served with --replay-ssm ({why}); got {value!r}")
 

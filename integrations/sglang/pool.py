@@ -22,7 +22,7 @@ copy of the checkpoint (no flush: the copy holds the source's state as it stands
 | ``hicache load`` | HiCache load (``MambaPoolHost.load_to_device_per_layer``), that layer, before its completion event | refresh |
 | ``extend start`` | an extend about to read ``temporal`` as its rows' initial states (mixer / backend hook): a mixed batch's decode rows ride along as one-token extends | flush |
 | ``extend end`` | the extend (a prefill) wrote ``temporal`` (mixer / backend hook), that layer | refresh |
-| ``transfer`` | PD disaggregation, decode side: a transferred request's first batch (``ScheduleBatch.prepare_for_prebuilt``): the state the prefill server sent | refresh |
+| ``transfer`` | PD disaggregation, decode side: a transferred request's first batch (``ScheduleBatch.prepare_for_prebuilt``): the state the prefill server sent, after the forwards already issued (``after_forwards``) | refresh |
 | ``tree donation`` | a request's state cached in the radix tree (``MambaComponent.prepare_for_caching_req``): the slot SGLang picked for the tree, after the forwards already issued (``after_forwards``) | flush |
 | ``track`` | extra_buffer's track copy (``track_copy``): SGLang copies the masked rows' checkpoints to their track slots | copy |
 | ``verify track`` | extra_buffer's verify track (``mamba2.commit_track``): a track slot took its row's slot and kept the accepted prefix | flush |
@@ -311,7 +311,8 @@ def after_forwards(event: str, mamba_pool, indices: torch.Tensor | None) -> None
     still be copying into the slot SGLang then caches (a decode track copy, on the forward stream):
     the tree donation's flush of that slot (``tree donation``) and an int8 store's (``int8 store``)
     then run after it, and before the tree hands the slot to any reader, which SGLang orders after
-    the current stream."""
+    the current stream. A PD decode server's refresh of transferred slots (``transfer``) waits too: a
+    slot freed by a finished request may still take that request's last step."""
     stream = getattr(mamba_pool, "forward_stream", None)
     if stream is not None:
         current = torch.cuda.current_stream(stream.device)
