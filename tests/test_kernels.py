@@ -211,6 +211,27 @@ def test_store_checkpoint_is_bit_exact(family, fmt):
     assert torch.equal(ref.cursors["epoch"], tri.cursors["epoch"])
 
 
+def test_a_bf16_checkpoint_keeps_nans_and_rounds_the_rest_as_torch():
+    """The kernels' integer fp32 -> bf16 rounding: every finite value and infinity bit for bit as
+    torch's, and a NaN of any payload (the GPU's own is 0x7FFFFFFF) stays a NaN, where the rounding
+    carry would have made some of them zeros."""
+    spec = SPECS["gdn"]
+    cfg = rs.ReplayConfig(checkpoint_dtype="bfloat16")
+    gen = torch.Generator().manual_seed(21)
+    state = torch.randn(2, *spec.state_shape, generator=gen)
+    special = torch.tensor([0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0x7F800001, 0x7F800000, 0xFF800000, 0x7F7FFFFF,
+                            0x3F808000, 0x3F818000, 0x00000001], dtype=torch.int64).to(torch.int32).view(torch.float32)
+    state.view(-1)[:special.numel()] = special
+    pool = rs.StatePool(spec, cfg, num_layers=1, num_slots=3, device=DEVICE, backend="triton")
+    slots = pool.alloc(2)
+    pool.write_state(0, slots, state.to(DEVICE))
+    got = pool.checkpoint[0, slots].cpu()
+    want = state.to(torch.bfloat16)
+    nan = state.isnan()
+    assert got[nan].isnan().all() and nan.sum() == 4
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
 @pytest.mark.parametrize("fmt", [dict(read_format="fp8"), dict(read_format="nvfp4"),
                                  dict(checkpoint_dtype="bfloat16", read_format="nvfp4"),
                                  dict(checkpoint_dtype="float16_sr", read_format="fp8")],

@@ -94,9 +94,11 @@ def dot_fp32(a, b, acc, A_EXACT: tl.constexpr, B_EXACT: tl.constexpr, DOT: tl.co
 
 @triton.jit
 def bf16_round(x):
-    """fp32 -> bf16, nearest-even, with integer arithmetic (every target rounds alike)."""
+    """fp32 -> bf16, nearest-even, with integer arithmetic (every target rounds alike). A NaN stays a
+    NaN (0x7FC0): the carry would take one with high mantissa bits (the GPU's 0x7FFFFFFF) to a zero."""
     b = x.to(tl.uint32, bitcast=True)
     r = b + 0x7FFF + ((b >> 16) & 1)
+    r = tl.where((b & 0x7FFFFFFF) > 0x7F800000, 0x7FC00000, r)
     return (r >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
