@@ -36,6 +36,11 @@ def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bo
         out = torch.empty(shape, dtype=act.dtype, device=pool.device)
     else:
         check_tensor("out", out, shape, pool.device, act.dtype)
+        shared = [name for name, t in inputs.items() if isinstance(t, torch.Tensor) and t.numel() and out.numel()
+                  and t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()]
+        if shared:
+            raise ValueError(f"out: expected a buffer of its own, it shares memory with {', '.join(shared)} (a step "
+                             "reads its inputs after it starts writing out)")
     if checked:
         keep = cpu_slots >= 0
         busy = pool.pending[layer, cpu_slots[keep]]

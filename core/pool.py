@@ -180,10 +180,11 @@ class StatePool:
             if bool(torch.isin(dst_cpu, src_cpu).any()):
                 raise ValueError("dst: expected slots none of which is in src")
             s, d = src_cpu.to(self.device), dst_cpu.to(self.device)
-            sel = slice(None) if layer is None else layer
-            self.pending[sel, dst_cpu] = self.pending[sel, src_cpu]
         if s.numel():
             self.backend_ops.copy(self, s, d, layer=layer, checkpoint=checkpoint)
+        if checked:                                # the host mirror, once the copy was taken
+            sel = slice(None) if layer is None else layer
+            self.pending[sel, dst_cpu] = self.pending[sel, src_cpu]
 
     def write_state(self, layer: int, slots: torch.Tensor, state: torch.Tensor) -> None:
         """Set the checkpoint of ``slots`` to ``state`` (fp32, canonical layout) and empty the ring."""
@@ -288,8 +289,9 @@ class StatePool:
             check_slot_tensor(slots, self.device)
             if not isinstance(num_accepted, torch.Tensor) or num_accepted.dtype.is_floating_point \
                     or num_accepted.dtype == torch.bool or tuple(num_accepted.shape) != (slots.numel(),) \
-                    or num_accepted.device != self.device:
-                raise ValueError(f"num_accepted: expected an int tensor of shape [{slots.numel()}] on {self.device}")
+                    or num_accepted.device != self.device or not num_accepted.is_contiguous():
+                raise ValueError(f"num_accepted: expected a contiguous int tensor of shape [{slots.numel()}] on "
+                                 f"{self.device}")
             self.backend_ops.commit(self.cursors, slots, num_accepted)    # the kernel skips padded rows
             return
         cpu_idx = self.cpu_slots(slots)
@@ -309,7 +311,8 @@ class StatePool:
             if bool(((a < 1) | (a > T)).any()):
                 raise ValueError(f"num_accepted: expected values in 1..T (T = {T.tolist()}), got {a.tolist()}")
         acc = torch.where(keep, acc, torch.zeros_like(acc))
-        self.backend_ops.commit(self.cursors, slots, acc.to(self.device))
+        # the validated slots themselves (the caller's tensor may be a strided view)
+        self.backend_ops.commit(self.cursors, cpu_idx.to(self.device), acc.to(self.device))
         self.pending[:, cpu_idx[keep]] = 0
 
     def decoded_read_copy(self, layer: int, rows: torch.Tensor) -> torch.Tensor:

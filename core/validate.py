@@ -83,6 +83,9 @@ def check_slot_tensor(slots, device: torch.device, name: str = "slots") -> None:
         raise ValueError(f"{name}: expected an int64 tensor of shape [n], got {slots.dtype} {list(slots.shape)}")
     if slots.device != device:
         raise ValueError(f"{name}: expected device {device}, got {slots.device}")
+    if not slots.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor (the kernels read it in memory order), got strides "
+                         f"{slots.stride()}")
 
 
 def check_slots(slots, num_slots: int, allocated: torch.Tensor, device: torch.device) -> torch.Tensor:

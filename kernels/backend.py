@@ -54,9 +54,9 @@ def step(pool, layer: int, slots: torch.Tensor, cpu_slots: torch.Tensor | None, 
     args = dict(layer_state(pool, layer), slots=slots, out=out, window=cfg.window, committed=committed,
                 **_formats(cfg, layer))
     if spec.family == "mamba2":
-        pool.layer_A[layer] = inputs["A"]
         ops.mamba2_step(**args, x=inputs["x"], dt=inputs["dt"], A=inputs["A"].float(), B=inputs["B"], C=inputs["C"],
                         D=_fp32(inputs["D"]), dt_bias=_fp32(inputs["dt_bias"]), z=inputs["z"])
+        pool.layer_A[layer] = inputs["A"]          # once the op took the step (a refused one keeps the old)
         T = inputs["x"].shape[1]
     else:
         ops.delta_step(**args, q=inputs["q"], k=inputs["k"], v=inputs["v"], g=inputs["g"], beta=inputs["beta"],

@@ -83,6 +83,10 @@ def test_slots_layer_out_and_T():
         rs.decode(pool, 0, slots, out=torch.zeros(2, 4, 5, dtype=torch.float16), **inp)
     with pytest.raises(ValueError, match=r"T: expected 1..3 tokens per verify"):
         rs.verify(pool, 0, slots, **_inputs("gdn", T=4))
+    with pytest.raises(ValueError, match="slots: expected a contiguous tensor"):
+        rs.decode(pool, 0, torch.tensor([0, 5, 1, 7])[::2], **inp)
+    with pytest.raises(ValueError, match="out: expected a buffer of its own, it shares memory with v"):
+        rs.decode(pool, 0, slots, out=inp["v"], **inp)
     with pytest.raises(ValueError, match="state: expected shape"):
         pool.write_state(0, slots, torch.zeros(2, 4, 5, 16))
 
@@ -157,3 +161,25 @@ def test_mamba2_A_is_a_layer_constant(backend):
     _assert_unchanged(pool, before)
     rs.decode(pool, 1, slots, **other)                 # another layer has its own A
     assert torch.equal(pool.layer_A[0], inp["A"]) and torch.equal(pool.layer_A[1], other["A"])
+
+
+def test_a_step_or_copy_the_kernels_refuse_leaves_the_pool_as_it_was():
+    """Refusals that come from the Triton ops, after the API's own checks: a Mamba-2 step with a
+    strided A keeps the layer's A as it was, and a copy of a pool whose side buffers the slot copy
+    cannot move (not a whole number of 4-byte words per slot) keeps the host's pending mirror."""
+    spec = rs.LayerSpec.mamba2(num_heads=2, head_dim=3, state_dim=16, num_groups=1)
+    cfg = rs.ReplayConfig(window=4, max_draft_tokens=2, read_format="fp8")
+    pool = rs.StatePool(spec, cfg, num_layers=1, num_slots=4, backend="triton")
+    slots = pool.alloc(2)
+    gen = torch.Generator().manual_seed(1)
+    inp = make_inputs(spec, Params(spec, 1, gen), 0, 2, None, gen)
+    strided = torch.stack((inp["A"], inp["A"]), -1)[..., 0]
+    with pytest.raises(ValueError, match="A: expected"):
+        rs.decode(pool, 0, slots, **dict(inp, A=strided))
+    assert pool.layer_A[0] is None
+    rs.verify(pool, 0, slots[:1], **make_inputs(spec, Params(spec, 1, gen), 0, 1, 2, gen))
+    pending = pool.pending.clone()
+    dst = pool.alloc(1)
+    with pytest.raises(ValueError, match="bytes per slot"):
+        pool.copy(slots[:1], dst)
+    assert torch.equal(pool.pending, pending)
