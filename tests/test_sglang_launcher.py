@@ -71,6 +71,17 @@ def environ(monkeypatch):
     return env
 
 
+@pytest.fixture(autouse=True)
+def gpu_platform(monkeypatch):
+    """SGLang's platform predicate for extra_buffer, as on a GPU: the strategy SGLang's "auto" picks for
+    these models there (0.5.17 has no such predicate)."""
+    try:
+        from sglang.srt.arg_groups import mamba_hook
+    except ImportError:
+        return
+    monkeypatch.setattr(mamba_hook, "_platform_supports_mamba_cache_extra_buffer", lambda: True)
+
+
 def _dry_run(capsys, args):
     launch_server.main(args + ["--dry-run"])
     return json.loads(capsys.readouterr().out)
@@ -78,9 +89,9 @@ def _dry_run(capsys, args):
 
 def test_dry_run_decode(environ, capsys, MODEL):
     out = _dry_run(capsys, ["--replay-ssm", "--replay-read-format", "nvfp4", "--replay-window", "8"] + MODEL)
-    # SGLang's CUDA graphs stay on (test_sglang_cuda_graph.py)
-    assert out["sglang_args"] == MODEL + ["--mamba-ssm-dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer",
-                                          "--disable-overlap-schedule", "--linear-attn-decode-backend", "triton",
+    # SGLang's own radix strategy ("auto": extra_buffer with its overlap scheduler on a GPU) and its CUDA
+    # graphs (test_sglang_cuda_graph.py) stay as they are
+    assert out["sglang_args"] == MODEL + ["--mamba-ssm-dtype", "float32", "--linear-attn-decode-backend", "triton",
                                           "--linear-attn-verify-backend", "triton"]
     assert out["replay"] == dict(window=8, max_draft_tokens=0, checkpoint_dtype="float32", read_format="nvfp4",
                                  ring_dtype="bfloat16", seed=0, ring_version=1)
@@ -216,14 +227,9 @@ def test_help_describes_the_options_and_reaches_sglangs(capsys):
     assert "--model-path" in text and "--mamba-ssm-dtype" in text
 
 
-@pytest.fixture
-def gpu_platform(monkeypatch):
-    """SGLang resolves extra_buffer only on GPU platforms: its platform predicate, as on a GPU."""
-    from sglang.srt.arg_groups import mamba_hook
-    monkeypatch.setattr(mamba_hook, "_platform_supports_mamba_cache_extra_buffer", lambda: True)
 
 
-def test_dry_run_extra_buffer(environ, capsys, gpu_platform, MODEL):
+def test_dry_run_extra_buffer(environ, capsys, MODEL):
     """extra_buffer's decode track copy keeps its row mask on the device: SGLang's CUDA graphs and its
     overlap scheduler stay on (its ping-pong track slots are what extra_buffer is for)."""
     strategy = ["--mamba-radix-cache-strategy", "extra_buffer"]
@@ -238,7 +244,7 @@ def test_dry_run_extra_buffer(environ, capsys, gpu_platform, MODEL):
                                                            "--linear-attn-verify-backend", "triton"]
 
 
-def test_dry_run_extra_buffer_with_speculative_decoding(environ, capsys, gpu_platform, MODEL):
+def test_dry_run_extra_buffer_with_speculative_decoding(environ, capsys, MODEL):
     """Replay's commit moves SGLang's track slots too (``mamba2.commit_track``); speculative decoding
     under extra_buffer has not been served with CUDA graphs or the overlap scheduler: both off."""
     strategy = ["--mamba-radix-cache-strategy", "extra_buffer"]
@@ -261,7 +267,11 @@ def test_dry_run_served_modes(environ, capsys, flags, MODEL):
     out = _dry_run(capsys, ["--replay-ssm"] + MODEL + flags)
     assert out["sglang_args"][:len(MODEL) + len(flags)] == MODEL + flags
     assert out["replay"]["window"] == 16
-    # a PD decode server keeps no radix tree: SGLang's overlap scheduler stays on there
+    # plain decode: SGLang's own radix strategy and overlap scheduler, with or without a tree
+    assert "--mamba-radix-cache-strategy" not in out["sglang_args"]
+    assert "--disable-overlap-schedule" not in out["sglang_args"]
+    # speculative decoding: no_buffer (CUDA graphs kept), except on a PD decode server without a tree
+    out = _dry_run(capsys, ["--replay-ssm"] + MODEL + flags + SPEC)
     tree = flags != ["--disaggregation-mode", "decode"]
     assert ("--mamba-radix-cache-strategy" in out["sglang_args"]) == tree
     assert ("--disable-overlap-schedule" in out["sglang_args"]) == tree

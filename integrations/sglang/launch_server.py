@@ -142,7 +142,10 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
     no_tree = "--disable-radix-cache" in rest or (
         _flag_value(rest, "--disaggregation-mode") == "decode"
         and not {"--disaggregation-decode-enable-radix-cache", "--enable-hierarchical-cache"} & set(rest))
-    if strategy is None and not no_tree:
+    if strategy is None and speculative and not no_tree:
+        # plain decode keeps SGLang's own choice ("auto": extra_buffer with the overlap scheduler where the
+        # model supports it, else no_buffer without it; replay serves both); speculative decoding under
+        # extra_buffer would run without CUDA graphs (below), so it gets no_buffer, which keeps them
         sglang_args += ["--mamba-radix-cache-strategy", "no_buffer"]
         strategy = "no_buffer"
     if (strategy == "no_buffer" or strategy == "extra_buffer" and speculative) \
