@@ -810,3 +810,30 @@ def test_a_failed_profile_ends_the_loads_client(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="answered 500"):
         bench_serving.profile_load(client, args, 4, 1, str(log), 0, tmp_path / "prof", 60)
     assert client.killed
+
+
+def test_a_server_that_exits_before_it_is_ready_is_reported_with_its_own_error(tmp_path):
+    """The runner's message names the exception the server logged (SGLang's own sizing refusal
+    here, as a server at 1288 Nemotron-H-8B state slots logs it), not only its exit code."""
+    with socket.socket() as s:                  # a port nothing answers on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "servers.log"
+    log.write_text("===== an earlier server\nValueError: an earlier server's error\n")
+    start = log.stat().st_size
+    server = ("import sys\n"
+              "print('[2026-12-05] Scheduler hit an exception: Traceback (most recent call last):')\n"
+              "print('  File \"kv_cache_configurator.py\", line 1782, in _resolve_memory_pool_config')\n"
+              "print('ValueError: Loaded weights leave no GPU memory for the KV cache under "
+              "--mem-fraction-static=0.88.')\n"
+              "print('[2026-12-05] Received sigquit from a child process.')\n"
+              "sys.exit(3)\n")
+    with open(log, "a") as f:
+        proc = subprocess.Popen([sys.executable, "-c", server], stdout=f, stderr=subprocess.STDOUT)
+        with pytest.raises(RuntimeError, match=r"^server exited with 3 before it was ready \(ValueError: Loaded "
+                                               r"weights leave no GPU memory for the KV cache under "
+                                               r"--mem-fraction-static=0\.88\.\)$"):
+            check_server.wait_ready(proc, port, 60, str(log), start)
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"])
+    with pytest.raises(RuntimeError, match=r"^server exited with 1 before it was ready$"):
+        check_server.wait_ready(proc, port, 60, str(log), log.stat().st_size)

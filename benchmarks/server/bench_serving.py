@@ -301,7 +301,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
     proc = None
     try:
         proc = check_server.launch(cmd, args.port, log, check_server.server_env(args))
-        check_server.wait_ready(proc, args.port, deadline.left(args.start_timeout))
+        check_server.wait_ready(proc, args.port, deadline.left(args.start_timeout), log.name, server_start)
         print(f"{model} {variant} ({label}): ready in {time.time() - t0:.0f} s", flush=True)
         with open(log.name, "rb") as f:
             f.seek(server_start)

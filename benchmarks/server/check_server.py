@@ -37,6 +37,7 @@ import os
 import pathlib
 import queue
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -143,11 +144,29 @@ def post(port: int, payload: dict, timeout: float = 600) -> dict:
         return json.loads(r.read())
 
 
-def wait_ready(proc: subprocess.Popen, port: int, timeout: float) -> None:
+_ERROR_LINE = re.compile(r"^\s*[A-Za-z_.]*(?:Error|Exception): .+$", re.M)
+
+
+def server_error(text: str) -> str | None:
+    """The last exception line (``ValueError: ...``) in a server's log ``text``, or None."""
+    found = _ERROR_LINE.findall(text)
+    return found[-1].strip()[:400] if found else None
+
+
+def wait_ready(proc: subprocess.Popen, port: int, timeout: float, log_path: str | None = None,
+               log_start: int = 0) -> None:
+    """Return once the server answers ``/health_generate``; a server that exits first raises with the
+    last exception line of its log (``log_path`` from byte ``log_start``)."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+            why = None
+            if log_path is not None:
+                with open(log_path, "rb") as f:
+                    f.seek(log_start)
+                    why = server_error(f.read().decode(errors="replace"))
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready"
+                               + (f" ({why})" if why else ""))
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health_generate", timeout=30) as r:
                 if r.status == 200:
@@ -235,12 +254,13 @@ def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args
         return result
     log.write(f"\n===== {model} {name}: {' '.join(cmd)}\n")
     log.flush()
+    server_start = os.path.getsize(log.name)
     t0 = time.time()
     print(f"  {model} {name}: starting on port {port}", flush=True)
     proc = None
     try:
         proc = launch(cmd, port, log, server_env(args))
-        wait_ready(proc, port, deadline.left(args.start_timeout))
+        wait_ready(proc, port, deadline.left(args.start_timeout), log.name, server_start)
         result["start_s"] = round(time.time() - t0, 1)
         print(f"  {model} {name}: ready in {result['start_s']} s", flush=True)
         for wave, items in reqs.items():
