@@ -6,13 +6,14 @@ from __future__ import annotations
 import torch
 
 from .pool import StatePool
-from .validate import L2NORMS, LAYER_INPUTS, check_inputs, check_slot_tensor, check_tensor
+from .validate import L2NORMS, LAYER_INPUTS, check_flag, check_inputs, check_number, check_slot_tensor, check_tensor
 
 
 def _run(pool: StatePool, layer: int, slots, inputs: dict, out, *, is_verify: bool, checked: bool) -> torch.Tensor:
     if not isinstance(pool, StatePool):
         raise TypeError(f"pool: expected a StatePool, got {type(pool).__name__}")
     pool.check_layer(layer)
+    check_flag("checked", checked)
     if checked:
         cpu_slots = pool.cpu_slots(slots)
     else:
@@ -153,6 +154,10 @@ def gating(pool: StatePool, *, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor
     for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
         if not t.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor (a layer constant, never copied)")
+    check_flag("beta_round", beta_round)
+    check_number("lower_bound", lower_bound, optional=True)
+    check_number("softplus_beta", softplus_beta)
+    check_number("softplus_threshold", softplus_threshold)
     if lower_bound is not None and not per_channel:
         raise ValueError("lower_bound: the safe gate is KDA's; a GDN pool takes None")
     if l2norm not in L2NORMS:
@@ -160,5 +165,5 @@ def gating(pool: StatePool, *, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor
     if not softplus_beta > 0:
         raise ValueError(f"softplus_beta: expected a positive factor, got {softplus_beta}")
     return pool.backend_ops.gating(pool, q=q, k=k, a=a, b=b, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                                   beta_round=bool(beta_round), l2norm=l2norm, softplus_beta=float(softplus_beta),
+                                   beta_round=beta_round, l2norm=l2norm, softplus_beta=float(softplus_beta),
                                    softplus_threshold=float(softplus_threshold))

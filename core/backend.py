@@ -77,6 +77,8 @@ def register(name: str, module: str) -> None:
     ``StatePool(backend=name)``."""
     if not isinstance(name, str) or not name or name == "auto":
         raise ValueError(f"name: expected a backend name other than 'auto', got {name!r}")
+    if not isinstance(module, str) or not module or not all(part.isidentifier() for part in module.split(".")):
+        raise ValueError(f"module: expected a dotted module name (e.g. 'mypkg.replay_backend'), got {module!r}")
     BACKENDS[name] = module
 
 

@@ -65,6 +65,10 @@ class VerbGraphs:
         pool's device, distinct, -1 = padding; the pool updated in place."""
         if verb not in VERBS:
             raise ValueError(f"verb: expected one of {VERBS}, got {verb!r}")
+        if not isinstance(slots, torch.Tensor):
+            raise TypeError(f"slots: expected an int64 tensor [n] on {self.pool.device}, got {type(slots).__name__}")
+        if layer is not None:
+            self.pool.check_layer(layer)
         run = getattr(StatePool, verb)
         n = slots.numel()
         if not self.enabled or n == 0 or n > self.max_rows or torch.cuda.is_current_stream_capturing():

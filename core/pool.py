@@ -10,7 +10,7 @@ import torch
 from . import backend as backends
 from . import formats, ring
 from .spec import LayerSpec, ReplayConfig
-from .validate import check_slot_tensor, check_slots, check_tensor
+from .validate import check_flag, check_slot_tensor, check_slots, check_tensor
 
 
 class StatePool:
@@ -37,6 +37,10 @@ class StatePool:
 
     Attributes:
         backend: the backend's name. backend_ops: the backend (``replayssm.backend.Backend``).
+        layer_A: per layer, the Mamba-2 ``A [H]`` the layer was last stepped with (None before its
+            first step), which a flush outside a step folds with. It is the caller's tensor, kept by
+            reference as a model's parameter is (CUDA graphs of flushes read it by address): an
+            in-place change to it changes what later flushes fold with.
 
     The pool's methods validate their arguments and may synchronize with the device; the
     step functions ``replayssm.decode`` / ``verify`` do the math (through ``check_layer``,
@@ -91,10 +95,11 @@ class StatePool:
         check_tensor("checkpoint", checkpoint, expected, self.device, dtype)
         return view
 
-    def cpu_slots(self, slots) -> torch.Tensor:
+    def cpu_slots(self, slots, name: str = "slots") -> torch.Tensor:
         """Validated ``slots`` (int64 ``[n]`` on the pool's device: distinct, allocated or -1)
-        as an int64 CPU tensor ``[n]``; ValueError otherwise. Reads the slots on the host."""
-        return check_slots(slots, self.num_slots, self.allocated, self.device)
+        as an int64 CPU tensor ``[n]``; ValueError naming the argument ``name`` otherwise. Reads the
+        slots on the host."""
+        return check_slots(slots, self.num_slots, self.allocated, self.device, name)
 
     def check_layer(self, layer) -> None:
         """ValueError unless ``layer`` is an int in ``[0, num_layers)``."""
@@ -161,6 +166,8 @@ class StatePool:
             checkpoint: False leaves the checkpoint to the caller (a host that copies its own state
                 tensor, which the pool wraps, itself).
         """
+        check_flag("checked", checked)
+        check_flag("checkpoint", checkpoint)
         if layer is not None:
             self.check_layer(layer)
         check_slot_tensor(src, self.device, "src")
@@ -171,12 +178,12 @@ class StatePool:
             self.require_unchecked()
             s, d = src, dst
         else:
-            src_cpu, dst_cpu = src.cpu(), self.cpu_slots(dst)
+            src_cpu, dst_cpu = src.cpu(), self.cpu_slots(dst, "dst")
             padded = src_cpu == -1
             if bool((padded != (dst_cpu == -1)).any()):
                 raise ValueError("src, dst: a padded row (-1) must be padded in both")
             src_cpu, dst_cpu = src_cpu[~padded], dst_cpu[~padded]
-            self.cpu_slots(src_cpu.unique().to(self.device))       # in range and allocated
+            self.cpu_slots(src_cpu.unique().to(self.device), "src")       # in range and allocated
             if bool(torch.isin(dst_cpu, src_cpu).any()):
                 raise ValueError("dst: expected slots none of which is in src")
             s, d = src_cpu.to(self.device), dst_cpu.to(self.device)
@@ -221,6 +228,7 @@ class StatePool:
         an index outside ``[0, num_slots)`` is a padded row too) must then be distinct and have no
         uncommitted verify, which is not checked.
         """
+        check_flag("checked", checked)
         if layer is not None:
             self.check_layer(layer)
         layers = range(self.num_layers) if layer is None else (layer,)
@@ -250,6 +258,7 @@ class StatePool:
         outside ``[0, num_slots)``) is skipped: no read copy written, no cursor reset, so a masked
         event (SGLang's track copy under a CUDA graph) costs its real rows only.
         """
+        check_flag("checked", checked)
         if layer is not None:
             self.check_layer(layer)
         layers = range(self.num_layers) if layer is None else (layer,)
@@ -284,6 +293,7 @@ class StatePool:
                 outside ``[0, num_slots)`` is a padded row (skipped), and a count outside
                 ``[0, T]`` keeps the nearest end (0 drops the verify).
         """
+        check_flag("checked", checked)
         if not checked:
             self.require_unchecked()
             check_slot_tensor(slots, self.device)

@@ -27,6 +27,20 @@ def check_tensor(name: str, t, shape: tuple[int, ...], device: torch.device, dty
         raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
 
 
+def check_flag(name: str, value) -> None:
+    """TypeError unless ``value`` is a bool (a flag is never taken by truthiness)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+
+
+def check_number(name: str, value, *, optional: bool = False) -> None:
+    """TypeError unless ``value`` is an int or float (not a bool), or None where ``optional``."""
+    if optional and value is None:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected a number{' or None' if optional else ''}, got {value!r}")
+
+
 def check_inputs(spec: LayerSpec, cfg: ReplayConfig, n: int, T: int | None, device: torch.device,
                  inputs: dict) -> dict:
     """Validate one step's inputs; ``T`` None for decode (no token axis). Returns them with defaults."""
@@ -88,16 +102,18 @@ def check_slot_tensor(slots, device: torch.device, name: str = "slots") -> None:
                          f"{slots.stride()}")
 
 
-def check_slots(slots, num_slots: int, allocated: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Slot indices ``[n]`` int64 on ``device``: allocated, distinct, or -1 (padding). Returns them on CPU."""
-    check_slot_tensor(slots, device)
+def check_slots(slots, num_slots: int, allocated: torch.Tensor, device: torch.device,
+                name: str = "slots") -> torch.Tensor:
+    """Slot indices ``[n]`` int64 on ``device``: allocated, distinct, or -1 (padding). Returns them on
+    CPU; errors name the argument ``name``."""
+    check_slot_tensor(slots, device, name)
     host = slots.cpu()
     bad = host[(host < -1) | (host >= num_slots)]
     if bad.numel():
-        raise ValueError(f"slots: expected indices in [0, {num_slots}) or -1, got {bad[0].item()}")
+        raise ValueError(f"{name}: expected indices in [0, {num_slots}) or -1, got {bad[0].item()}")
     real = host[host >= 0]
     if real.numel() and not bool(allocated[real].all()):
-        raise ValueError(f"slots: slot {real[~allocated[real]][0].item()} is not allocated")
+        raise ValueError(f"{name}: slot {real[~allocated[real]][0].item()} is not allocated")
     if real.unique().numel() != real.numel():
-        raise ValueError("slots: expected distinct slot indices")
+        raise ValueError(f"{name}: expected distinct slot indices")
     return host

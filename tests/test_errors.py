@@ -102,7 +102,7 @@ def test_copy_refusals():
         pool.copy(slots[:1], torch.tensor([-1]))
     with pytest.raises(ValueError, match="dst: expected slots none of which is in src"):
         pool.copy(slots, slots.flip(0))
-    with pytest.raises(ValueError, match="slots: expected distinct slot indices"):
+    with pytest.raises(ValueError, match="dst: expected distinct slot indices"):
         pool.copy(slots, other[[0, 0]])
 
 
@@ -183,3 +183,59 @@ def test_a_step_or_copy_the_kernels_refuse_leaves_the_pool_as_it_was():
     with pytest.raises(ValueError, match="bytes per slot"):
         pool.copy(slots[:1], dst)
     assert torch.equal(pool.pending, pending)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_flags_are_bools_and_copy_names_its_slots(backend):
+    """A flag given as anything but a bool (a string, 0 / 1, None) is refused by name before anything
+    moves, rather than taken by its truthiness; a copy's bad source or destination is named as such."""
+    pool, slots = _pool("gdn", read_format="fp8")
+    pool = rs.StatePool(SPECS["gdn"], pool.cfg, num_layers=1, num_slots=4, backend=backend)
+    slots = pool.alloc(2)
+    rs.decode(pool, 0, slots, **_inputs("gdn"))
+    before = _snapshot(pool)
+    dst = torch.tensor([2, 3])
+    for call, flag, value in (
+            (lambda v: pool.flush(slots, checked=v), "checked", "no"),
+            (lambda v: pool.refresh(slots, checked=v), "checked", 0),
+            (lambda v: pool.copy(slots, dst, checked=v), "checked", None),
+            (lambda v: pool.copy(slots, dst, checkpoint=v), "checkpoint", 1),
+            (lambda v: pool.commit(slots, torch.tensor([1, 1]), checked=v), "checked", "False"),
+            (lambda v: rs.decode(pool, 0, slots, checked=v, **_inputs("gdn")), "checked", 1),
+            (lambda v: rs.verify(pool, 0, slots, checked=v, **_inputs("gdn", T=2)), "checked", [])):
+        with pytest.raises(TypeError, match=f"^{flag}: expected True or False, got {value!r}$".replace("[", r"\[")
+                           .replace("]", r"\]")):
+            call(value)
+    _assert_unchanged(pool, before)
+    with pytest.raises(ValueError, match="^dst: slot 2 is not allocated$"):
+        pool.copy(slots, dst)
+    with pytest.raises(ValueError, match=r"^src: expected indices in \[0, 4\) or -1, got 9$"):
+        pool.copy(torch.tensor([9, 1]), pool.alloc(2))
+    _assert_unchanged(pool, dict(before, allocated=pool.allocated.clone()))
+
+
+def test_gating_numbers_and_flags_are_named():
+    pool = rs.StatePool(SPECS["kda"], rs.ReplayConfig(window=4), num_layers=1, num_slots=2)
+    HK, HV, K = SPECS["kda"].num_k_heads, SPECS["kda"].num_v_heads, SPECS["kda"].head_k_dim
+    raw = dict(q=torch.randn(2, HK, K), k=torch.randn(2, HK, K), a=torch.randn(2, HV, K), b=torch.randn(2, HV),
+               A_log=torch.randn(HV), dt_bias=torch.randn(HV, K))
+    for name, value, match in (("beta_round", 1, "beta_round: expected True or False, got 1"),
+                               ("lower_bound", "-5", "lower_bound: expected a number or None, got '-5'"),
+                               ("softplus_beta", None, "softplus_beta: expected a number, got None"),
+                               ("softplus_threshold", True, "softplus_threshold: expected a number, got True")):
+        with pytest.raises(TypeError, match=match):
+            rs.gating(pool, **raw, **{name: value})
+    assert set(rs.gating(pool, **raw, lower_bound=-5, softplus_beta=1)) == {"q_scale", "k", "g", "beta"}
+
+
+def test_a_backend_is_registered_by_module_name():
+    from replayssm import backend
+    for module in (backend, "", "pkg..mod", "pkg.mod-2", 3):
+        with pytest.raises(ValueError, match=r"^module: expected a dotted module name"):
+            backend.register("mine", module)
+    assert "mine" not in backend.BACKENDS
+    backend.register("mine", "replayssm.kernels.backend_reference")
+    try:
+        assert backend.get("mine") is backend.get("reference")
+    finally:
+        del backend.BACKENDS["mine"]
