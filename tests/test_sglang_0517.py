@@ -17,9 +17,10 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SGLANG_0517 = ROOT / "build" / "sglang-0.5.17"
 
-# every family's decode through 0.5.17's call sites, slot events, the tree's flush of a finishing
-# request and of the slot 0.5.17's own MambaComponent donates, the int8 store, mixed batches, track
-# copies, the launcher's refusals, its dry run's plan of each served model and the entry point
+# every family's decode through 0.5.17's call sites, the mamba pool's budget, slot events, the tree's
+# flush of a finishing request and of the slot 0.5.17's own MambaComponent donates, the int8 store,
+# mixed batches, track copies, the launcher's refusals, its dry run's plan of each served model and
+# the entry point
 TESTS = (
     "tests/test_sglang_replay.py::test_replay_off_leaves_sglang_untouched",
     "tests/test_sglang_replay.py::test_pool_wraps_sglang_temporal_without_copy",
@@ -30,6 +31,7 @@ TESTS = (
     "tests/test_sglang_replay.py::test_the_slot_sglang_picks_for_the_tree_is_flushed",
     "tests/test_sglang_replay.py::test_a_tree_donation_waits_for_the_forwards_already_issued",
     "tests/test_sglang_replay.py::test_bad_call_site_arguments_are_named",
+    "tests/test_sglang_replay.py::test_mamba_pool_budget_charges_the_ring_and_no_snapshots",
     "tests/test_sglang_replay.py::test_a_state_outside_a_replay_pool_is_refused",
     "tests/test_sglang_gdn.py::test_gdn_packed_decode_matches_step_recurrence",
     "tests/test_sglang_gdn.py::test_gdn_refusals",

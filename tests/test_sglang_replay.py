@@ -8,6 +8,7 @@ for rings and cursors, bit-exactly against a standalone ``StatePool`` fed the sa
 """
 
 import dataclasses
+import math
 import pathlib
 
 import pytest
@@ -263,7 +264,8 @@ def test_tensor_parallel_ranks_replay_their_own_heads(tp, heads, groups):
 
 def _mamba_budget(spec_algorithm, **server_fields):
     """SGLang's own mamba pool sizing (``KVCacheConfigurator._handle_max_mamba_cache``) for this
-    file's cache parameters and 1 GiB, under a scoped config: (slots it sizes, the configurator)."""
+    file's cache parameters and 1 GiB, under a scoped config: (slots it sizes, the configurator, the
+    GiB it leaves to the KV cache)."""
     from types import SimpleNamespace
 
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
@@ -275,12 +277,15 @@ def _mamba_budget(spec_algorithm, **server_fields):
 
     conf = object.__new__(Sizing)
     conf.mambaish_config = SimpleNamespace(mamba2_cache_params=_cache_params())
-    conf.pp_size = conf.attn_dp_size = 1
+    conf.pp_size = conf.attn_dp_size = 1                              # 0.5.23's configurator
+    conf.ps = SimpleNamespace(pp_size=1, attn_dp_size=1)              # 0.5.17's
+    conf.model_config = SimpleNamespace(hf_config=None)
     conf.hybrid_gdn_config = conf.hybrid_kda_config = None
     conf.extra_mamba_cache_bytes_per_req, conf.spec_algorithm = 0, spec_algorithm
     with get_context().override_server_args(**server_fields):
-        conf._handle_max_mamba_cache(1.0)
-        return get_schedule().max_mamba_cache_size, conf
+        conf.server_args = get_context().server_args
+        rest = conf._handle_max_mamba_cache(1.0)
+        return get_schedule().max_mamba_cache_size, conf, rest
 
 
 def test_mamba_pool_budget_charges_the_ring_and_no_snapshots():
@@ -289,22 +294,29 @@ def test_mamba_pool_budget_charges_the_ring_and_no_snapshots():
     plain, ngram = SpeculativeAlgorithm.NONE, SpeculativeAlgorithm.NGRAM
     spec_fields = dict(speculative_num_draft_tokens=4, max_running_requests=8)
     per_req = _cache_params().mamba_cache_per_req                  # conv + ssm state, every layer
-    slots_plain, _ = _mamba_budget(plain)
-    slots_spec, _ = _mamba_budget(ngram, **spec_fields)
+    slots_plain, _, _ = _mamba_budget(plain)
+    slots_spec, _, _ = _mamba_budget(ngram, **spec_fields)
     assert slots_spec < slots_plain / 2                              # SGLang reserves per-draft snapshots
     cfg = rs.ReplayConfig(window=4, read_format="fp8", ring_dtype="float32")
     hooks.install(cfg)
     try:
-        replay_plain, conf = _mamba_budget(plain)
-        replay_spec, _ = _mamba_budget(ngram, **spec_fields)
+        replay_plain, conf, rest_plain = _mamba_budget(plain)
+        replay_spec, _, rest_spec = _mamba_budget(ngram, **spec_fields)
     finally:
         hooks.uninstall()
     assert conf.extra_mamba_cache_bytes_per_req == 0 and conf.spec_algorithm is plain      # restored
     budget = (slots_plain + 1) * per_req                             # what SGLang gives the mamba pool
-    for slots, drafts in ((replay_plain, 0), (replay_spec, 3)):
+    params = _cache_params()
+    conv = sum(math.prod(shape) for shape in params.shape.conv) * params.dtype.conv.itemsize * len(LAYERS)
+    # the per-draft conv windows SGLang still allocates: 4 draft tokens for 8 running requests and
+    # the padding one, taken from the KV cache's share (as SGLang's own reserve is)
+    windows = conv * 4 * (8 + 1)
+    for slots, drafts, rest, reserved in ((replay_plain, 0, rest_plain, 0), (replay_spec, 3, rest_spec, windows)):
         side = sum(side_bytes_per_slot(SPEC, dataclasses.replace(cfg, max_draft_tokens=drafts)).values())
         per_slot = per_req + side * len(LAYERS)                      # ring, read copy, cursors charged
-        assert (slots + 1) * per_slot <= budget + per_req and budget < (slots + 2) * per_slot
+        room = budget * (1 - reserved / 2 ** 30)                     # the mamba share of 1 GiB less the reserve
+        assert (slots + 1) * per_slot <= room + per_req and room < (slots + 2) * per_slot
+        assert rest == pytest.approx(1.0 - reserved / 2 ** 30 - (slots + 1) * per_slot / 2 ** 30, abs=1e-12)
     assert replay_spec > slots_spec                                   # no snapshot reserve under replay
 
 

@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import weakref
 
 import torch
@@ -198,12 +199,16 @@ def _with_drafts(cfg: ReplayConfig, drafts) -> ReplayConfig:
 def replay_budget(cfg: ReplayConfig, handle):
     """SGLang's ``KVCacheConfigurator._handle_max_mamba_cache`` (``handle``) for replay pools.
 
-    SGLang sizes its mamba pool from the bytes of conv and ssm state per slot, plus per-draft
-    snapshots when speculative decoding is on. Under replay each slot also holds the ring, read
-    copy and cursors of every layer (charged through the configurator's
-    ``extra_mamba_cache_bytes_per_req`` on 0.5.23, its cache parameters' bytes per slot on 0.5.17:
-    ``versions``), and no snapshots exist (the speculative reserve is skipped by sizing as for plain
-    decoding). The pool SGLang then builds is the pool it can afford."""
+    SGLang sizes its mamba pool from the bytes of conv and ssm state per slot, plus a speculative
+    reserve per running request and draft token (its per-draft ssm snapshots and conv windows) when
+    speculative decoding is on. Under replay each slot also holds the ring, read copy and cursors of
+    every layer (charged through the configurator's ``extra_mamba_cache_bytes_per_req`` on 0.5.23,
+    its cache parameters' bytes per slot on 0.5.17: ``versions``), and no snapshots exist: the pool
+    is sized as for plain decoding, and only the conv windows SGLang still allocates per running
+    request and draft token are reserved, taken from the memory left to the KV cache as SGLang's
+    own reserve is (dense ``[draft, dim, K - 1]`` windows, as SGLang charges them: an upper bound of
+    the deduplicated layout it allocates on CUDA). The pool SGLang then builds is the pool it can
+    afford."""
     @functools.wraps(handle)
     def _handle_max_mamba_cache(self, total_rest_memory):
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -212,14 +217,26 @@ def replay_budget(cfg: ReplayConfig, handle):
         params = self.mambaish_config.mamba2_cache_params
         drafts = None if self.spec_algorithm.is_none() else seams.max_draft_tokens(self)
         side = sum(side_bytes_per_slot(layer_spec(params), _with_drafts(cfg, drafts)).values()) * len(params.layers)
+        conv_windows = 0 if drafts is None else conv_window_reserve(params, drafts, self)
         saved = self.spec_algorithm
         self.spec_algorithm = SpeculativeAlgorithm.NONE
         try:
             with seams.charged(self, side):
-                return handle(self, total_rest_memory)
+                return handle(self, total_rest_memory - conv_windows / (1 << 30))
         finally:
             self.spec_algorithm = saved
     return _handle_max_mamba_cache
+
+
+def conv_window_reserve(params, drafts: int, configurator) -> int:
+    """Bytes of the per-draft conv windows SGLang allocates beside a replay pool under speculative
+    decoding: every layer's conv state per draft token (``drafts``) for each running request and the
+    padding request, as SGLang's own speculative reserve counts them."""
+    from sglang.srt.runtime_context import get_schedule
+
+    conv_numel = sum(math.prod(shape) for shape in params.shape.conv)
+    requests = max(1, get_schedule().max_running_requests // versions.seams().attn_dp_size(configurator)) + 1
+    return conv_numel * params.dtype.conv.itemsize * len(params.layers) * drafts * requests
 
 
 class _WithoutAllocation(torch.overrides.TorchFunctionMode):

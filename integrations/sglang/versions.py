@@ -52,6 +52,11 @@ class Seams0523:
         return host_pool.temporal_device_layers
 
     @staticmethod
+    def attn_dp_size(configurator) -> int:
+        """The attention data-parallel size the configurator divides running requests by."""
+        return configurator.attn_dp_size
+
+    @staticmethod
     def max_draft_tokens(configurator) -> int:
         from sglang.srt.runtime_context import max_speculative_num_draft_tokens
 
@@ -126,6 +131,10 @@ class Seams0517(Seams0523):
     @staticmethod
     def host_device_layers(host_pool):
         return list(host_pool.device_pool.mamba_cache.temporal.unbind(0))
+
+    @staticmethod
+    def attn_dp_size(configurator) -> int:
+        return configurator.ps.attn_dp_size
 
     @staticmethod
     def max_draft_tokens(configurator) -> int:
