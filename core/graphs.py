@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from .pool import StatePool
+from .validate import check_slot_tensor
 
 VERBS = ("flush", "refresh")
 
@@ -65,8 +66,7 @@ class VerbGraphs:
         pool's device, distinct, -1 = padding; the pool updated in place."""
         if verb not in VERBS:
             raise ValueError(f"verb: expected one of {VERBS}, got {verb!r}")
-        if not isinstance(slots, torch.Tensor):
-            raise TypeError(f"slots: expected an int64 tensor [n] on {self.pool.device}, got {type(slots).__name__}")
+        check_slot_tensor(slots, self.pool.device)
         if layer is not None:
             self.pool.check_layer(layer)
         run = getattr(StatePool, verb)
@@ -74,9 +74,6 @@ class VerbGraphs:
         if not self.enabled or n == 0 or n > self.max_rows or torch.cuda.is_current_stream_capturing():
             run(self.pool, slots, layer=layer, checked=False)
             return
-        if slots.dtype != torch.int64 or slots.dim() != 1 or slots.device != self.pool.device:
-            raise ValueError(f"slots: expected int64 [n] on {self.pool.device}, got {slots.dtype} "
-                             f"{list(slots.shape)} on {slots.device}")
         stream = torch.cuda.current_stream(self.pool.device)
         key = (verb, layer, stream.cuda_stream, 1 << (n - 1).bit_length())
         a_ptrs = self._a_ptrs(verb, layer)

@@ -97,7 +97,7 @@ def test_graphed_verbs_refuse_what_the_verbs_do_not_take():
     mamba = rs.StatePool(SPECS["mamba2"], rs.ReplayConfig(window=4), num_layers=1, num_slots=4, device=DEVICE,
                          backend="triton")
     for p in (pool, mamba):
-        with pytest.raises(TypeError, match=r"slots: expected an int64 tensor \[n\]"):
+        with pytest.raises(TypeError, match=r"slots: expected an int64 torch\.Tensor of shape \[n\]"):
             VerbGraphs(p)("flush", [0])
         with pytest.raises(ValueError, match=r"layer: expected an int in \[0, 1\), got 3"):
             VerbGraphs(p)("flush", torch.zeros(1, dtype=torch.int64, device=DEVICE), 3)
