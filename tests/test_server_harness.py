@@ -351,9 +351,11 @@ def test_serving_runs_each_variant_its_family_serves_and_writes_rows(tmp_path, m
                              "replay-nvfp4", "--concurrency", "1", "4", "--out", str(tmp_path / "out"),
                              "--models-dir", str(tmp_path / "models")])
     assert rc == 0
-    assert calls == [("nemotron-h-8b", "sglang", "no_buffer", False), ("nemotron-h-8b", "replay-nvfp4", "no_buffer", False),
-                     ("kimi-linear", "sglang", "no_buffer", False), ("kimi-linear", "sglang-replay", "no_buffer", False),
-                     ("kimi-linear", "replay-nvfp4", "no_buffer", False)]
+    # SGLang's own defaults for these models: extra_buffer with the overlap scheduler; SGLang's replay at no_buffer
+    assert calls == [("nemotron-h-8b", "sglang", "extra_buffer", True),
+                     ("nemotron-h-8b", "replay-nvfp4", "extra_buffer", True),
+                     ("kimi-linear", "sglang", "extra_buffer", True), ("kimi-linear", "sglang-replay", "no_buffer", False),
+                     ("kimi-linear", "replay-nvfp4", "extra_buffer", True)]
     data = json.loads((tmp_path / "out" / "serving-kimi-linear.json").read_text())
     assert [(r["variant"], r["concurrency"]) for r in data["rows"]] == [
         ("sglang", 1), ("sglang", 4), ("sglang-replay", 1), ("sglang-replay", 4), ("replay-nvfp4", 1),
@@ -386,6 +388,11 @@ def test_serving_overlap_runs_where_sglang_allows_it(tmp_path, monkeypatch):
                      ("replay-nvfp4", "no_buffer", False), ("replay-nvfp4", "extra_buffer", True)]
     text = bench_serving.table([tmp_path / "out" / "serving-kimi-linear.json"])
     assert "| kimi-linear | replay-nvfp4 | extra_buffer, overlap | 8 | 1 | 1600 |" in text
+    calls.clear()
+    assert bench_serving.main(["--models", "kimi-linear", "--variants", "sglang", "replay-nvfp4", "--no-overlap",
+                               "--concurrency", "8", "--out", str(tmp_path / "off"),
+                               "--models-dir", str(tmp_path / "models")]) == 0
+    assert calls == [("sglang", "extra_buffer", False), ("replay-nvfp4", "extra_buffer", False)]
     flags = bench_serving.server_flags(tmp_path, "gdn", 30000, "extra_buffer", bench_serving.main.__globals__[
         "argparse"].Namespace(concurrency=[8], input_len=16, output_len=16, workload="decode", mem_fraction=0.5,
                               no_prefill_graph=False, sglang_arg=[], speculative="none", server_log_level="info"),

@@ -19,10 +19,11 @@ declare the layer), SGLang's own replay with its replay verify (``--enable-linea
 the rows carry the client's acceptance length, arbitrary under random weights, so variants are
 compared at the acceptance they measured.
 
-``--overlap`` keeps SGLang's overlap scheduler on for every ``extra_buffer`` server (SGLang's own
-default for these models: the scheduler prepares the next batch while the GPU runs the current
-one); ``no_buffer`` servers run without it, as SGLang requires, and SGLang's own replay, which
-serves ``no_buffer`` only, runs there whatever ``--radix-strategies`` asks. The rows record both.
+By default every server runs what SGLang itself picks for these models: the ``extra_buffer`` radix
+strategy with the overlap scheduler on (the scheduler prepares the next batch while the GPU runs the
+current one). ``--radix-strategies`` names others (``no_buffer`` runs without the overlap scheduler,
+as SGLang requires) and ``--no-overlap`` turns the scheduler off everywhere; SGLang's own replay,
+which serves ``no_buffer`` only, runs there whatever ``--radix-strategies`` asks. The rows record both.
 
 ``--workload prefix`` instead sends ``--groups`` groups of ``--prompts-per-group`` requests that
 share a ``--prefix-len``-token prefix (the client's ``generated-shared-prefix`` dataset, with its
@@ -489,11 +490,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-log-level", default="warning", choices=["warning", "info", "debug"],
                     help="the servers' --log-level; info logs each prefill batch and replayssm's first launch of each "
                          "kernel variant to servers.log")
-    ap.add_argument("--radix-strategies", nargs="+", default=["no_buffer"], choices=["no_buffer", "extra_buffer"],
-                    help="each variant's server at each (SGLang's own replay at no_buffer only)")
-    ap.add_argument("--overlap", action="store_true",
+    ap.add_argument("--radix-strategies", nargs="+", default=["extra_buffer"], choices=["no_buffer", "extra_buffer"],
+                    help="each variant's server at each (default: extra_buffer, SGLang's own choice for these models; "
+                         "SGLang's own replay at no_buffer only)")
+    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                     help="SGLang's overlap scheduler on where the radix strategy allows it (extra_buffer; SGLang's "
-                         "default for these models): no_buffer runs without it")
+                         "default for these models, and this benchmark's): no_buffer runs without it")
     ap.add_argument("--speculative", choices=["none", "mtp"], default="none",
                     help="mtp: speculative decoding with the model's MTP layer as the draft (NEXTN, a chain of "
                          "--draft-tokens; qwen3.5-9b and qwen3-next); with random weights acceptance is arbitrary "
