@@ -273,6 +273,60 @@ def test_bf16_steps_and_the_table_read_what_the_results_say(tmp_path):
     assert rows[3].startswith("| m | replay-nvfp4 | RuntimeError: boom |")
 
 
+def test_prefix_wave_compares_cached_prefix_requests_with_the_cache_off(tmp_path, monkeypatch):
+    """The prefix wave against a stand-in server with a radix cache of whole prefixes: each request
+    first with the cache emptied before it, then all in a row, the later ones of a group from the
+    cached prefix. A variant whose cached-prefix tokens differ from its own cache-off tokens is
+    counted so (here one that diverges at token 7 after a hit); one that matches is identical."""
+    prefix_len, cache, log, current = 300, set(), [], {}
+
+    def launch(cmd, port, log_file, env):
+        current["diverges"] = "--replay-ssm" in cmd
+        cache.clear()
+        return object()
+
+    def post(port, payload, timeout=600):
+        prompt = payload["input_ids"]
+        key = tuple(prompt[:prefix_len])
+        hit = len(prompt) > prefix_len and key in cache
+        cache.add(key)
+        log.append("hit" if hit else "post")
+        n = payload["sampling_params"]["max_new_tokens"]
+        ids = [(sum(prompt) + i) % 1000 for i in range(n)]
+        if hit and current["diverges"]:
+            ids[7:] = [0] * (n - 7)
+        return dict(output_ids=ids, meta_info=dict(output_token_logprobs=[[-1.0, t, None] for t in ids],
+                                                   cached_tokens=256 if hit else 0))
+
+    def flush(port, timeout=60):
+        cache.clear()
+        log.append("flush")
+
+    monkeypatch.setattr(check_server, "launch", launch)
+    monkeypatch.setattr(check_server, "wait_ready", lambda *a, **k: None)
+    monkeypatch.setattr(check_server, "stop", lambda proc: None)
+    monkeypatch.setattr(check_server, "post", post)
+    monkeypatch.setattr(check_server, "flush_cache", flush)
+    rc = check_server.main(["--models", "qwen3.5-9b", "--variants", "sglang", "replay-nvfp4", "--requests", "4",
+                            "--prefix-len", str(prefix_len), "--out", str(tmp_path / "out"),
+                            "--models-dir", str(tmp_path / "models")])
+    assert rc == 0
+    # per server: single and wave, then each of the 2 x 3 prefix requests after a flush, a flush, the 6 in a row
+    prefix = ["flush", "post"] * 6 + ["flush"] + ["post", "hit", "hit"] * 2
+    assert log == (["post"] * 5 + prefix) * 2
+    data = json.loads((tmp_path / "out" / "server-qwen3.5-9b.json").read_text())
+    same, diverged = data["summary"]["sglang"]["prefix_cache"], data["summary"]["replay-nvfp4"]["prefix_cache"]
+    assert same["requests"] == 4 and same["identical"] == 4 and same["cached_tokens"] == [256] * 4
+    assert diverged["requests"] == 4 and diverged["identical"] == 0 and diverged["first_difference_at"] == [7] * 4
+    assert data["summary"]["replay-nvfp4"]["prefix"]["identical"] == 2      # against SGLang's: the group's firsts
+    rows = check_server.prefix_table([tmp_path / "out" / "server-qwen3.5-9b.json"]).splitlines()
+    assert rows[2] == "| qwen3.5-9b | sglang | 4/6 | 256 | 4/4 | – | 0.000 / 0.000 |"
+    assert rows[3] == "| qwen3.5-9b | replay-nvfp4 | 4/6 | 256 | 0/4 | 7 | 0.000 / 0.000 |"
+    for bad in (["--prefix-groups", "-1"], ["--prefix-requests", "1"], ["--prefix-len", "1961"]):
+        with pytest.raises(SystemExit):
+            check_server.main([*bad, "--out", str(tmp_path / "refused")])
+
+
 def test_serving_tokenizer_round_trips_every_id_through_transformers(tmp_path):
     from transformers import AutoTokenizer
 

@@ -12,7 +12,13 @@ waits for it, sends the same requests to ``/generate``, and stops it. The reques
 - ``single``: one request alone (batch 1);
 - ``wave``: ``--requests`` requests at once, prompts of 5 to 400 tokens and 17 to 90 new tokens each,
   more of them than ``--max-running-requests``: requests finish at different steps and queued ones take
-  their slots, so flushes fall at different steps of different rows and slots are reused.
+  their slots, so flushes fall at different steps of different rows and slots are reused;
+- ``prefix``: ``--prefix-groups`` groups of ``--prefix-requests`` requests whose prompts share a
+  ``--prefix-len``-token prefix, 40 new tokens each, sent one at a time twice: first each with the
+  radix cache emptied before it (``/flush_cache``: the cache off), then all in a row from an empty
+  cache, so that every request after a group's first may start from the cached prefix. Per variant,
+  the requests that did (SGLang's ``cached_tokens`` > 0) are compared with themselves with the cache
+  off: the cached prefix's state must give the tokens the whole prompt gives.
 
 Every request is greedy (temperature 0) with ``ignore_eos`` and returns its tokens' logprobs. Written to
 ``DIR/server-<model>.json`` (rewritten as each server finishes): per variant and request the output ids
@@ -99,6 +105,10 @@ def slots_per_request(strategy: str) -> int:
 ATTENTION = {"mamba2": "flashinfer", "gdn": "triton", "kda": "triton"}
 
 
+# every server's context length, in tokens
+CONTEXT_LENGTH = 2048
+
+
 def launcher_command(variant: str) -> list[str]:
     """The launcher and ``variant``'s flags, with SGLang's state dtype: float32 for SGLang's own
     variants; a replay variant's launcher sets the dtype its ``--replay-checkpoint-dtype`` stores
@@ -116,7 +126,7 @@ def server_args(model_dir: pathlib.Path, family: str, port: int, args) -> list[s
              "--max-total-tokens", str(args.max_total_tokens),
              "--max-mamba-cache-size", str(args.max_mamba_cache_size
                                            or slots_per_request(args.radix_strategy) * args.max_running_requests),
-             "--cuda-graph-max-bs", str(args.max_running_requests), "--context-length", "2048", "--random-seed", "0",
+             "--cuda-graph-max-bs", str(args.max_running_requests), "--context-length", str(CONTEXT_LENGTH), "--random-seed", "0",
              "--mamba-radix-cache-strategy", args.radix_strategy, *([] if args.overlap else ["--disable-overlap-schedule"]),
              "--log-level", "warning"]
     if args.no_prefill_graph:
@@ -142,6 +152,29 @@ def post(port: int, payload: dict, timeout: float = 600) -> dict:
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
+
+
+def flush_cache(port: int, timeout: float = 60) -> None:
+    """Empty the server's radix cache (SGLang's ``/flush_cache``), retried while it refuses because
+    requests still run; RuntimeError if it never succeeds within ``timeout`` seconds."""
+    end = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/flush_cache", data=b""),
+                                        timeout=30):
+                return
+        except urllib.error.HTTPError as e:
+            if time.time() > end:
+                raise RuntimeError(f"/flush_cache refused for {timeout:.0f} s (HTTP {e.code})") from None
+        time.sleep(0.5)
+
+
+def generated(out: dict) -> dict:
+    """What a ``/generate`` answer is compared by: its tokens, their logprobs and the prompt tokens the
+    server took from its radix cache."""
+    meta = out["meta_info"]
+    return dict(output_ids=out["output_ids"], logprobs=[t[0] for t in meta["output_token_logprobs"]],
+                cached_tokens=meta.get("cached_tokens", 0))
 
 
 _ERROR_LINE = re.compile(r"^\s*[A-Za-z_.]*(?:Error|Exception): .+$", re.M)
@@ -177,14 +210,23 @@ def wait_ready(proc: subprocess.Popen, port: int, timeout: float, log_path: str 
     raise RuntimeError(f"server not ready after {timeout:.0f} s")
 
 
-def requests_for(vocab: int, n: int, seed: int) -> dict[str, list[dict]]:
+def requests_for(vocab: int, n: int, seed: int, prefix_groups: int = 0, prefix_len: int = 600,
+                 prefix_requests: int = 3) -> dict[str, list[dict]]:
+    """The requests of every wave (module docstring); ``prefix`` only with ``prefix_groups``."""
     rng = random.Random(seed)
 
-    def one(prompt_len: int, new: int) -> dict:
-        return dict(input_ids=[rng.randrange(100, vocab - 100) for _ in range(prompt_len)], return_logprob=True,
+    def ids(length: int) -> list[int]:
+        return [rng.randrange(100, vocab - 100) for _ in range(length)]
+
+    def one(prompt: list[int], new: int) -> dict:
+        return dict(input_ids=prompt, return_logprob=True,
                     sampling_params=dict(temperature=0.0, max_new_tokens=new, ignore_eos=True))
 
-    return dict(single=[one(37, 80)], wave=[one(rng.randint(5, 400), rng.randint(17, 90)) for _ in range(n)])
+    out = dict(single=[one(ids(37), 80)], wave=[one(ids(rng.randint(5, 400)), rng.randint(17, 90)) for _ in range(n)])
+    if prefix_groups:
+        prefixes = [ids(prefix_len) for _ in range(prefix_groups)]
+        out["prefix"] = [one(p + ids(rng.randint(16, 48)), 40) for p in prefixes for _ in range(prefix_requests)]
+    return out
 
 
 # the servers this process has started and not yet stopped (ended on SIGTERM, see stop_on_sigterm)
@@ -265,10 +307,18 @@ def run_variant(name: str, model: str, model_dir: pathlib.Path, reqs: dict, args
         print(f"  {model} {name}: ready in {result['start_s']} s", flush=True)
         for wave, items in reqs.items():
             t1 = time.time()
-            with concurrent.futures.ThreadPoolExecutor(max_workers=len(items)) as ex:
-                outs = list(ex.map(lambda p: post(port, p, timeout=max(1.0, deadline.left(600))), items))
-            result[wave] = [dict(output_ids=o["output_ids"],
-                                 logprobs=[t[0] for t in o["meta_info"]["output_token_logprobs"]]) for o in outs]
+            if wave == "prefix":                # one at a time: the cache off, then from an empty cache
+                cold = []
+                for p in items:
+                    flush_cache(port)
+                    cold.append(generated(post(port, p, timeout=max(1.0, deadline.left(600)))))
+                flush_cache(port)
+                result["prefix_cache_off"] = cold
+                outs = [post(port, p, timeout=max(1.0, deadline.left(600))) for p in items]
+            else:
+                with concurrent.futures.ThreadPoolExecutor(max_workers=len(items)) as ex:
+                    outs = list(ex.map(lambda p: post(port, p, timeout=max(1.0, deadline.left(600))), items))
+            result[wave] = [generated(o) for o in outs]
             result[f"{wave}_s"] = round(time.time() - t1, 2)
             print(f"  {model} {name}: {wave} ({len(items)} requests) in {result[f'{wave}_s']} s", flush=True)
     except Exception as e:                      # noqa: BLE001 - recorded and printed; the next variant runs
@@ -299,7 +349,7 @@ def compare(ref: dict, got: dict) -> dict:
     produced before that position the mean and largest logprob difference and the share of tokens
     within one bf16 step of ``ref``'s logprob."""
     out = {}
-    for wave in ("single", "wave"):
+    for wave in ("single", "wave", "prefix"):
         if wave not in ref or wave not in got:
             continue
         same, first_diff, diffs, steps = 0, [], [], []
@@ -318,6 +368,42 @@ def compare(ref: dict, got: dict) -> dict:
                          logprob_diff_max=max(diffs, default=0.0),
                          within_one_bf16_step=sum(d <= 1.0 for d in steps) / max(len(steps), 1))
     return out
+
+
+def prefix_cache(result: dict) -> dict | None:
+    """One variant's cached-prefix requests against themselves with the cache off (``compare``'s
+    fields over the requests that took cached tokens, with those counts), or None without a prefix wave."""
+    if "prefix" not in result or "prefix_cache_off" not in result:
+        return None
+    hits = [i for i, r in enumerate(result["prefix"]) if r.get("cached_tokens", 0) > 0]
+    row = compare(dict(prefix=[result["prefix_cache_off"][i] for i in hits]),
+                  dict(prefix=[result["prefix"][i] for i in hits]))
+    row = row.get("prefix", dict(requests=0, identical=0, first_difference_at=[], tokens_compared=0,
+                                 logprob_diff_mean=0.0, logprob_diff_max=0.0, within_one_bf16_step=0.0))
+    return dict(row, requests_sent=len(result["prefix"]),
+                cached_tokens=[result["prefix"][i]["cached_tokens"] for i in hits])
+
+
+def prefix_table(paths: list[pathlib.Path]) -> str:
+    """A markdown table of the prefix wave of ``server-<model>.json`` files, or "" when none has one:
+    per model and variant, its cached-prefix requests against the same requests with the cache off."""
+    rows = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        for name, result in data["results"].items():
+            c = prefix_cache(result)
+            if c is None:
+                continue
+            cached = sorted(c["cached_tokens"])
+            first = [x for x in c["first_difference_at"] if x is not None]
+            rows.append(f"| {data['model']} | {name} | {c['requests']}/{c['requests_sent']} | "
+                        f"{cached[len(cached) // 2] if cached else '–'} | {c['identical']}/{c['requests']} | "
+                        f"{min(first) if first else '–'} | {c['logprob_diff_mean']:.3f} / {c['logprob_diff_max']:.3f} |")
+    if not rows:
+        return ""
+    return "\n".join(["| model | variant | requests from a cached prefix | median cached tokens | identical to the "
+                      "cache off | earliest difference | logprob diff mean / max |", "|---|---|---|---|---|---|---|",
+                      *rows])
 
 
 def table(paths: list[pathlib.Path]) -> str:
@@ -386,6 +472,10 @@ def write_model(out: pathlib.Path, model: str, variants: list[str], results: dic
     """``out/server-<model>.json`` from the variants finished so far (compared with the first)."""
     ref = results.get(variants[0], {})
     summary = {name: compare(ref, r) for name, r in results.items() if name != variants[0]}
+    for name, r in results.items():
+        cache = prefix_cache(r)
+        if cache is not None:
+            summary.setdefault(name, {})["prefix_cache"] = cache
     (out / f"server-{model}.json").write_text(json.dumps(dict(model=model, meta=meta, config=models.CONFIGS[model],
                                                               results=results, summary=summary)) + "\n")
 
@@ -401,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the model folders (config.json each) are written")
     ap.add_argument("--port", type=int, default=30817)
     ap.add_argument("--requests", type=int, default=40, help="requests in the concurrent wave")
+    ap.add_argument("--prefix-groups", type=int, default=2,
+                    help="groups of the prefix wave (0: no prefix wave); see the module docstring")
+    ap.add_argument("--prefix-requests", type=int, default=3, help="prefix wave: requests per group")
+    ap.add_argument("--prefix-len", type=int, default=600, help="prefix wave: tokens every request of a group shares")
     ap.add_argument("--max-running-requests", type=int, default=16)
     ap.add_argument("--max-total-tokens", type=int, default=65536, help="each server's KV pool, in tokens")
     ap.add_argument("--max-mamba-cache-size", type=int, default=None,
@@ -426,17 +520,29 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.table:
         print(table(args.table))
+        extra = prefix_table(args.table)
+        if extra:
+            print("\n" + extra)
         return 0
     if args.overlap and args.radix_strategy != "extra_buffer":
         ap.error(f"--overlap: SGLang runs its overlap scheduler with extra_buffer only, got --radix-strategy "
                  f"{args.radix_strategy}")
+    if args.prefix_groups < 0:
+        ap.error(f"--prefix-groups: expected 0 or more, got {args.prefix_groups}")
+    if args.prefix_groups and args.prefix_requests < 2:
+        ap.error(f"--prefix-requests: expected at least 2 (a group's first request fills the cache), "
+                 f"got {args.prefix_requests}")
+    if args.prefix_groups and not 1 <= args.prefix_len <= CONTEXT_LENGTH - 48 - 40:
+        ap.error(f"--prefix-len: expected 1 to {CONTEXT_LENGTH - 48 - 40} (the servers' context is {CONTEXT_LENGTH} "
+                 f"tokens, questions up to 48 and 40 new), got {args.prefix_len}")
     if args.parallel < 1:
         ap.error(f"--parallel: expected at least 1, got {args.parallel}")
     args.out.mkdir(parents=True, exist_ok=True)
     stop_on_sigterm()
     deadline = Deadline(args.deadline)
     model_dirs = {m: models.write(args.models_dir, m) for m in args.models}
-    reqs = {m: requests_for(models.CONFIGS[m]["vocab_size"], args.requests, args.seed) for m in args.models}
+    reqs = {m: requests_for(models.CONFIGS[m]["vocab_size"], args.requests, args.seed, args.prefix_groups,
+                            args.prefix_len, args.prefix_requests) for m in args.models}
     results: dict[str, dict] = {m: {} for m in args.models}
     jobs = jobs_in_order(args.models, args.variants)
     meta = run_meta(args)
@@ -468,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
         s = json.loads((args.out / f"server-{model}.json").read_text())["summary"]
         for name, by_wave in s.items():
             for wave, row in by_wave.items():
+                if wave == "prefix_cache":
+                    wave = "cached"              # against itself with the cache off
                 print(f"{model:14s} {name:20s} {wave:6s} identical {row['identical']}/{row['requests']}  "
                       f"logprob diff mean {row['logprob_diff_mean']:.2e} max {row['logprob_diff_max']:.2e}  "
                       f"first differences {row['first_difference_at'][:8]}", flush=True)
