@@ -85,6 +85,29 @@ def layout_table(t):
     return "\n".join(rows)
 
 
+def hosts_glance_table(t, batch=256):
+    """GDN / KDA at ``batch`` in the hosts' [slots, HV, V, K] layout (vk), what the SGLang and TRT-LLM
+    adapters' users get: amortized steps on the fp32 checkpoint and behind an NVFP4 read copy, against
+    fla's conventional kernel and SGLang's replay kernel (amortized and staggered), and the NVFP4
+    non-flush step against the fp32 one."""
+    names = {"qwen3.5": "Qwen3.5 (GDN)", "qwen3.5-122b": "Qwen3.5-122B (GDN)", "kimi-linear": "Kimi-Linear (KDA)"}
+    rows = ["| model | amortized µs: fp32 checkpoint / NVFP4 read copy | fp32 vs fla | vs SGLang's replay, fp32: "
+            "amortized / staggered | vs SGLang's replay, NVFP4: amortized / staggered | NVFP4 non-flush vs fp32 |",
+            "|---|---|---|---|---|---|"]
+    for model in names:
+        m = t.get((model, batch), {})
+        if "ours amortized (16-step window, vk state)" not in m:
+            continue
+        f32, f4 = (m[f"ours amortized (16-step window, vk state){s}"]["us"] for s in ("", " nvfp4"))
+        st32, st4 = (m[f"ours staggered step{s} (vk state)"]["us"] for s in ("", " nvfp4"))
+        nf32, nf4 = (m[f"ours non-flush w=7{s} (vk state)"]["us"] for s in ("", " nvfp4"))
+        fla = m[PEER[model]]["us"]
+        sg, sg_st = sglang_amortized(m), m["peer sglang replay staggered (1/16 of rows flush)"]["us"]
+        rows.append(f"| {names[model]} | {f32:.1f} / {f4:.1f} | {fla / f32:.2f}x ({fla:.1f}) | "
+                    f"{sg / f32:.2f}x / {sg_st / st32:.2f}x | {sg / f4:.2f}x / {sg_st / st4:.2f}x | {nf32 / nf4:.2f}x |")
+    return "\n".join(rows)
+
+
 def staggered_table(t):
     """The serving steady state: one step with 1/16 of the rows flushing (row r at r mod 16 entries)."""
     rows = ["| model | batch | ours fp32 µs | ours fp8 µs | ours nvfp4 µs | SGLang replay µs | vs SGLang (fp32) |",
@@ -237,6 +260,8 @@ def main():
     print(verify_table(t), "\n")
     print(verify_t8_table(t), "\n")
     print(layout_table(t))
+    if any(k[1] == 256 and "ours amortized (16-step window, vk state)" in m for k, m in t.items()):
+        print("\n" + hosts_glance_table(t))
     if args.steps:
         print("\n" + step_table(args.steps))
     if args.png:

@@ -19,10 +19,11 @@ def tables():
     _, vk = report.load(RESULTS / "bench-decode-vk-h200.json")   # both layouts, every read format
     return {"every batch": report.decode_table(t, copy), "steady state": report.staggered_table(t),
             "read copies": report.read_format_table(t), "state layout": report.layout_table(vk),
-            "verify T = 8": report.verify_t8_table(t)}
+            "hosts' layout at a glance": report.hosts_glance_table(vk), "verify T = 8": report.verify_t8_table(t)}
 
 
-@pytest.mark.parametrize("name", ["every batch", "steady state", "read copies", "state layout", "verify T = 8"])
+@pytest.mark.parametrize("name", ["every batch", "steady state", "read copies", "state layout",
+                                  "hosts' layout at a glance", "verify T = 8"])
 def test_table_is_in_the_report(tables, name):
     text = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
     missing = [row for row in tables[name].splitlines() if row not in text]
