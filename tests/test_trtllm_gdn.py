@@ -42,9 +42,9 @@ def fused_sigmoid_gating_delta_rule_update(**kwargs):
     return kwargs["output"]
 
 
-def _can_use_flashinfer_gdn_verify(ssm_states, head_k_dim, head_v_dim, draft_token_num):
+def _can_use_flashinfer_gdn_verify(initial_state_source, head_k_dim, head_v_dim, draft_token_num):
     """TRT-LLM's check for its FlashInfer verify (a bf16 state among other things): false here."""
-    return ssm_states.dtype == torch.bfloat16
+    return initial_state_source.dtype == torch.bfloat16
 
 
 def _flashinfer_gdn_verify(**kwargs):
@@ -272,6 +272,11 @@ def test_gdn_router_and_refusals():
     module = sys.modules[__name__]
     assert module._can_use_flashinfer_gdn_verify(states.ssm_states[0], K, V, 3)   # replay takes every verify
     assert not module._can_use_flashinfer_gdn_verify(other, K, V, 3)             # TRT-LLM's check otherwise
+    # by its parameter's name too (TRT-LLM's is initial_state_source)
+    assert module._can_use_flashinfer_gdn_verify(initial_state_source=states.ssm_states[0], head_k_dim=K,
+                                                 head_v_dim=V, draft_token_num=3)
+    assert not module._can_use_flashinfer_gdn_verify(initial_state_source=other, head_k_dim=K, head_v_dim=V,
+                                                     draft_token_num=3)
     verify_tok = {n: x[None].expand(1, 2, *x.shape[1:]) for n, x in tok.items()}  # [N=1, T=2, ...]
     assert module._flashinfer_gdn_verify(
         A_log=model[0].A_log, a=verify_tok["a"], dt_bias=model[0].dt_bias, softplus_beta=1.0, softplus_threshold=20.0,

@@ -383,12 +383,16 @@ def test_later_gdn_modules_decode_paths_are_refused_or_routed(monkeypatch):
     with pytest.raises(RuntimeError, match="set TRTLLM_GDN_DISABLE_PDL_DECODE_PAIR=1"):
         route_gdn_class(gdn.Qwen3NextGatedDeltaNet)
     monkeypatch.setenv("TRTLLM_GDN_DISABLE_PDL_DECODE_PAIR", "1")
-    gdn._can_use_flashinfer_gdn_decode = lambda ssm_states, *args: True
+    gdn._can_use_flashinfer_gdn_decode = lambda initial_state_source, K, V, T, N: True     # TRT-LLM's signature
     route_gdn_class(gdn.Qwen3NextGatedDeltaNet)
     gen, params, states, model, manager = _setup()
     register(states)
     assert gdn._can_use_flashinfer_gdn_decode(states.ssm_states[0], 128, 128, 4, 4) is False
     assert gdn._can_use_flashinfer_gdn_decode(torch.zeros(S, 4, 8, 8), 128, 128, 4, 4) is True
+    assert gdn._can_use_flashinfer_gdn_decode(initial_state_source=states.ssm_states[0], K=128, V=128, T=4,
+                                              N=4) is False
+    assert gdn._can_use_flashinfer_gdn_decode(initial_state_source=torch.zeros(S, 4, 8, 8), K=128, V=128, T=4,
+                                              N=4) is True
 
 
 def test_enable_replay_puts_replay_managers_and_layers_in_trtllm_executor(monkeypatch):

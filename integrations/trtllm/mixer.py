@@ -337,7 +337,7 @@ def route_gdn_class(layer_class) -> None:
 def _route_gdn_module(module) -> None:
     routes = {"fused_sigmoid_gating_delta_rule_update": lambda f: _route(f, replay_sigmoid_gating_delta_rule_update,
                                                                          "initial_state_source"),
-              "_can_use_flashinfer_gdn_verify": lambda f: _route(f, _replays_every_verify, "ssm_states"),
+              "_can_use_flashinfer_gdn_verify": lambda f: _route(f, _replays_every_verify, "initial_state_source"),
               "_flashinfer_gdn_verify": lambda f: _route(f, replay_gdn_verify, "initial_state_source")}
     missing = [name for name in routes if getattr(module, name, None) is None]
     if missing:
@@ -353,7 +353,7 @@ def _route_gdn_module(module) -> None:
         raise RuntimeError(f"{module.__name__}: its PDL decode pair (gdn_decode_pdl_update) bypasses replay's "
                            "routes; set TRTLLM_GDN_DISABLE_PDL_DECODE_PAIR=1")
     if getattr(module, "_can_use_flashinfer_gdn_decode", None) is not None:
-        routes["_can_use_flashinfer_gdn_decode"] = lambda f: _route(f, _no_other_decode, "ssm_states")
+        routes["_can_use_flashinfer_gdn_decode"] = lambda f: _route(f, _no_other_decode, "initial_state_source")
     for name, route in routes.items():
         if not hasattr(getattr(module, name), "replayssm_original"):
             setattr(module, name, route(getattr(module, name)))
