@@ -11,7 +11,8 @@ K for GDN/KDA), blocks of 16 consecutive cols:
 Encode per row r: ``g_r = amax_r * fp32(1 / (E * 448))`` (E = 448 for fp8, 6 for nvfp4),
 ``s_b = e4m3(amax_b / (E * g_r))``, ``q = round(x * fp32(1 / (s_b * g_r)))`` saturated to ``±E``
 (one division per block, not per element); decode ``x ≈ q * s_b * g_r``. A row of zeros encodes
-to zeros. Divisions are IEEE (round to nearest) and ``g_r`` a product, so every device produces
+to zeros; a row holding a NaN gets a NaN row scale, so it decodes as NaNs (its codes and block
+scales are not specified). Divisions are IEEE (round to nearest) and ``g_r`` a product, so every device produces
 the same bytes.
 
 Checkpoint formats: float32 (4 B), bfloat16 (2 B, round to nearest even), float16_sr (2 B,

@@ -279,6 +279,48 @@ def test_refresh_read_copy_is_bit_exact(family, fmt):
             assert torch.equal(buf.view(torch.uint8), before[name].view(torch.uint8)), (layout, name)
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")      # the interpreter's reductions
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+def test_nans_in_the_state_decode_as_nan_read_copy_rows(family, fmt):
+    """A NaN in the checkpoint gives its read-copy row a NaN row scale, so the row decodes as NaNs and
+    the outputs that read it are NaN, as the reference's encoding (``torch.amax``) gives, not finite
+    values: through write_state, the decodes and their flushes (the window's steps), and a refresh.
+    Every other row keeps the reference's bytes."""
+    spec, cfg = SPECS[family], rs.ReplayConfig(window=3, read_format=fmt)
+    gen = torch.Generator().manual_seed(13)
+    params, n = Params(spec, 1, gen), 3
+    pool = rs.StatePool(spec, cfg, num_layers=1, num_slots=n + 1, device=DEVICE, backend="triton")
+    slots = pool.alloc(n)
+    state = torch.randn(n, *spec.state_shape, generator=gen)
+    state[0, 1, 2, 3] = float("nan")                     # slot 0, head 1: one element
+    state[2, 0, 0, 1] = float("nan")
+
+    def read_rows_nan():
+        ck = pool.checkpoint[0, slots].float()
+        ck = ck.transpose(-1, -2) if spec.is_delta else ck              # the read copy's [rows, cols]
+        nan = ck.isnan().any(-1)
+        want = rs.formats.quantize(ck, fmt)
+        got = [pool.read[name][0, slots] for name in ("codes", "block_scale", "row_scale")]
+        assert torch.equal(got[2].isnan(), nan)
+        for g, w in zip(got, want):
+            assert torch.equal(g[~nan].view(torch.uint8), w[~nan].view(torch.uint8))
+        return nan
+
+    pool.write_state(0, slots, state.to(DEVICE))
+    nan = read_rows_nan()
+    assert nan.sum() == 2
+    heads, dim = (spec.num_heads, spec.head_dim) if family == "mamba2" else (spec.num_v_heads, spec.head_v_dim)
+    for step in range(2 * cfg.window + 1):
+        inp = make_inputs(spec, params, 0, n, None, gen, device=DEVICE)
+        y = rs.decode(pool, 0, slots, out=torch.full((n, heads, dim), float("nan"), device=DEVICE), **inp)
+        assert torch.equal(y.isnan(), nan), step
+        nan = read_rows_nan()                        # the delta rule spreads a NaN over its value row only
+    pool.read["row_scale"].zero_()
+    pool.refresh(slots, layer=0)
+    assert torch.equal(read_rows_nan(), nan)
+
+
 @triton.jit
 def _decode_words_kernel(codes, bs, rs_, out, ROWS: tl.constexpr, COLS: tl.constexpr, CW: tl.constexpr,
                          CHUNK: tl.constexpr, PW: tl.constexpr, FMT: tl.constexpr):

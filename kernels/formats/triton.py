@@ -157,6 +157,19 @@ def e2m1_decode(code):
 
 
 @triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def abs_max(x, axis: tl.constexpr):
+    """Largest magnitude of ``x`` along ``axis``; NaN where the values hold a NaN, as ``torch.amax``
+    (``tl.max`` skips NaNs, on the GPU and in the interpreter). A read-copy row's scale is taken from
+    it, so a NaN in the state decodes as a NaN row, not as finite values."""
+    return tl.reduce(tl.abs(x), axis, _max_nan)
+
+
+@triton.jit
 def row_scale_of(amax_r, EMAX: tl.constexpr):
     """fp32 row scale of read-copy rows whose absolute maxima are ``amax_r``."""
     return amax_r * (1.0 / (EMAX * 448.0))
@@ -296,9 +309,9 @@ def store_read_copy(codes_ptr, bs_ptr, rs_ptr, x, rows, row_mask, FMT: tl.conste
     columns (a ``[V, K]`` tile of a ``[S, HV, V, K]`` checkpoint) it otherwise runs in the tile's,
     every block's division repeated in each lane of its row."""
     if ROWS_FROM_BLOCKS:
-        amax = tl.max(tl.max(tl.abs(tl.reshape(x, (R, COLS // 16, 16))), axis=2), axis=1)
+        amax = abs_max(abs_max(tl.reshape(x, (R, COLS // 16, 16)), 2), 1)
     else:
-        amax = tl.max(tl.abs(x), axis=1)
+        amax = abs_max(x, 1)
     store_read_rows_scale(rs_ptr, amax, rows, row_mask, EMAX)
     store_read_chunk(codes_ptr, bs_ptr, x, amax, rows, row_mask, 0, FMT, EMAX, R, COLS, COLS, CW)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm.kernels.formats.triton import (READ_CHECKPOINT, dot_fp32, load_read_copy, load_read_words,
+from replayssm.kernels.formats.triton import (READ_CHECKPOINT, abs_max, dot_fp32, load_read_copy, load_read_words,
                                               round_checkpoint, store_read_chunk, store_read_rows_scale,
                                               word_element, word_values)
 from replayssm.kernels.ring.triton import flush_row_block, flush_row_of_rank, program_ranks, row_route
@@ -147,7 +147,7 @@ def _mamba2_flush_kernel(
                 stored = round_checkpoint(S_F, h * (P * N) + op[:, None] * N + on[None, :], sr_base, ep, CKPT_FMT)
                 tl.store(ck, stored, mask=pmask[:, None])
                 if READ_FMT != READ_CHECKPOINT:
-                    amax = tl.maximum(amax, tl.max(tl.abs(stored.to(tl.float32)), axis=1))
+                    amax = tl.maximum(amax, abs_max(stored.to(tl.float32), 1), propagate_nan=tl.PropagateNan.ALL)
                 if COMMITTED:
                     yc += tl.sum(S_F * tl.load(C + i * cc_r + g * cc_g + on).to(tl.float32)[None, :], axis=1)
                 elif not EVALUATED:
