@@ -89,9 +89,11 @@ class Run:
     def prefill(self, slots):
         """What SGLang's prefill does: write ``temporal`` rows, then the mixer hook's refresh (``extend end``)."""
         for layer in range(len(LAYERS)):
-            state = torch.randn(slots.numel(), H, P, N, generator=self.gen) * 0.3
+            # as SGLang stores it: in its ssm dtype (the replay checkpoint dtype)
+            state = (torch.randn(slots.numel(), H, P, N, generator=self.gen) * 0.3).to(self.mp.mamba_cache.temporal.dtype)
             self.mp.mamba_cache.temporal[layer][slots] = state
             replay_pool.on_state("extend end", self.req_pool.mamba2_layer_cache(LAYERS[layer]).temporal, slots)
+            state = state.float()
             self.twin.write_state(layer, slots, state)
             for i, s in enumerate(slots.tolist()):
                 self.oracle[layer, s] = state[i].double()
@@ -344,6 +346,31 @@ def _decode_run(cfg, backend):
     assert run.state_error(slots) < TOL["float32"]
     assert run.req_pool.mamba_pool.replay.cursors["count"][:, slots].eq(2).all()
     run.assert_ring_matches_twin()
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_fp16_sr_checkpoint_and_nvfp4_read_copy_through_sglang_call_site(backend):
+    """``--replay-checkpoint-dtype float16_sr`` (the launcher sets ``--mamba-ssm-dtype float16``): the replay
+    checkpoint is SGLang's own float16 ``temporal``, not a copy; decodes through SGLang's call site
+    behind an NVFP4 read copy, across flushes, match the fp64 recurrence, and the state stays within
+    the fp16 rounding of it."""
+    cfg = rs.ReplayConfig(window=4, checkpoint_dtype="float16_sr", read_format="nvfp4", ring_dtype="float32")
+    hooks.install(cfg, backend=backend)
+    try:
+        gen = torch.Generator().manual_seed(3)
+        run = Run(_req_pool(dtype=torch.float16), cfg, gen)
+        temporal = run.mp.mamba_cache.temporal
+        assert temporal.dtype == torch.float16 and run.mp.replay.checkpoint.data_ptr() == temporal.data_ptr()
+        slots = run.req_pool.mamba_allocator.alloc(3)
+        run.clear(slots)
+        run.prefill(slots)
+        batch = torch.cat((slots[:1], torch.tensor([-1]), slots[1:]))
+        errs = [run.decode(batch) for _ in range(10)]       # flushes at 4 and 8
+        assert max(errs) < TOL["nvfp4"] and sum(errs) / len(errs) < TOL["nvfp4"] / 4, errs
+        assert run.state_error(slots) < TOL["float16_sr"]
+        run.assert_ring_matches_twin()
+    finally:
+        hooks.uninstall()
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
