@@ -178,6 +178,42 @@ def _forward(model, manager, slots, num_contexts, hidden):
     return [mixer(hidden[k], meta, SimpleNamespace(state_indices=slots)) for k, mixer in enumerate(model)]
 
 
+def test_trtllms_stochastic_rounding_is_the_float16_sr_checkpoints_own():
+    """TRT-LLM passes ``rand_seed`` / ``philox_rounds`` with an fp16 state and stochastic rounding on; a replay
+    state on the ``float16_sr`` checkpoint (what an fp16 ``ssm_cache_dtype`` gives) rounds stochastically
+    itself at each flush: the calls are taken and step exactly as without them (outputs, rings, cursors,
+    checkpoint bits), across flushes."""
+    from replayssm.integrations.trtllm.mixer import register
+
+    gen = torch.Generator().manual_seed(4)
+    cfg = rs.ReplayConfig(window=2, checkpoint_dtype="float16_sr", ring_dtype="float32")
+    start = (torch.randn(1, S, H, P, N, generator=gen) * 0.3).half()
+    pair = [ReplayMambaStates(SPEC, cfg, start.clone(), backend="reference", padding_slots=(PAD,)) for _ in range(2)]
+    for states in pair:
+        register(states)
+    A = (-torch.rand(H, generator=gen))[:, None, None].expand(H, P, N)
+    D, dt_bias = (torch.randn(H, generator=gen)[:, None].expand(H, P) for _ in range(2))
+    slots = torch.tensor([0, 3, PAD], dtype=torch.int32)
+    for step in range(5):                             # flushes at 2 and 4
+        x, B, C = torch.randn(3, H, P, generator=gen), torch.randn(3, G, N, generator=gen), torch.randn(3, G, N,
+                                                                                                          generator=gen)
+        dt = torch.randn(3, H, generator=gen)[..., None].expand(3, H, P)
+        outs = []
+        for states, seed in zip(pair, (None, torch.full((S,), 7, dtype=torch.int64))):
+            out = torch.full((3, H, P), float("nan"))
+            replay_selective_state_update(states.ssm_states[0], x, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=True,
+                                          state_batch_indices=slots, out=out, rand_seed=seed,
+                                          philox_rounds=None if seed is None else 10)
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1]) and torch.isfinite(outs[0][:2]).all(), step
+    assert torch.equal(pair[0].ssm_states.view(torch.int16), pair[1].ssm_states.view(torch.int16))
+    assert not torch.equal(pair[0].ssm_states, start)            # the flushes wrote the checkpoint
+    for name in pair[0].pool.ring:
+        assert torch.equal(pair[0].pool.ring[name], pair[1].pool.ring[name]), name
+    for name in pair[0].pool.cursors:
+        assert torch.equal(pair[0].pool.cursors[name], pair[1].pool.cursors[name]), name
+
+
 def test_decode_through_trtllm_call_site_matches_step_recurrence():
     gen, params, states, model, manager = _setup()
     assert wire_mamba2(model, states, mixer_class=Mamba2Mixer) == 2
@@ -239,7 +275,8 @@ def test_wiring_and_call_refusals():
     with pytest.raises(ValueError, match="disable_state_update: expected True for x of shape"):
         replay_selective_state_update(states.ssm_states[0], x, dt, A, B, B, D, dt_bias=model[0]._dt_bias_expanded,
                                       dt_softplus=True, state_batch_indices=slots, out=torch.empty_like(x))
-    with pytest.raises(ValueError, match="rand_seed: TRT-LLM's stochastic rounding"):
+    with pytest.raises(ValueError, match="rand_seed: TRT-LLM's stochastic rounding of an fp16 state is replay's "
+                                         "float16_sr checkpoint .* this state's checkpoint is float32"):
         replay_selective_state_update(states.ssm_states[0], x[:, 0], dt[:, 0], A, B[:, 0], B[:, 0], D,
                                       dt_softplus=True, state_batch_indices=slots, out=torch.empty_like(x[:, 0]),
                                       rand_seed=torch.zeros(1))

@@ -22,7 +22,9 @@ window in ``layer_cache.intermediate_conv_window``, then calls ``selective_state
 ``cache_steps=T``: here a replay verify (the tokens go to the ring; no state and no per-draft
 state is written: the buffer may have no rows). The commit after acceptance is
 ``cache_manager_class()``'s ``update_mamba_states`` (cursor move + TRT-LLM's conv-window copy).
-TRT-LLM's own stochastic rounding (``rand_seed``) is refused: use the ``float16_sr`` checkpoint.
+TRT-LLM's stochastic rounding of an fp16 state (``rand_seed``, ``philox_rounds``) is replay's own there: the
+``float16_sr`` checkpoint an fp16 ``ssm_cache_dtype`` gives rounds stochastically at every flush, from its
+own counter-based bits, so the call is taken and its seed unused; any other checkpoint refuses it.
 
 GDN (Qwen3-Next / Qwen3.5), written against ``tensorrt_llm/_torch/modules/mamba/gdn_mixer.py`` at
 commit 0d4bd90: ``Qwen3NextGatedDeltaNet.forward_core`` sends a batch without prefills to
@@ -104,14 +106,16 @@ def replay_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias
             T tokens appended to the ring uncommitted, outputs ``[n, T, H, P]``; nothing else written.
         intermediate_states_buffer, intermediate_state_indices: TRT-LLM's per-draft states; never
             written (replay keeps no per-draft state; ``cache_manager_class()`` frees the buffer).
-        rand_seed, philox_rounds: TRT-LLM's stochastic rounding; refused.
+        rand_seed, philox_rounds: TRT-LLM's stochastic rounding of an fp16 state: unused with the ``float16_sr``
+            checkpoint (it rounds stochastically itself, at every flush); refused with any other.
     Returns:
         ``out``.
     """
     states, layer = lookup(state)
-    if rand_seed is not None or philox_rounds is not None:
-        raise ValueError("rand_seed: TRT-LLM's stochastic rounding cannot run under replay; use the float16_sr "
-                         "replay checkpoint (mamba_ssm_stochastic_rounding off)")
+    ckpt = states.pool.cfg.checkpoint_dtype
+    if (rand_seed is not None or philox_rounds is not None) and ckpt != "float16_sr":
+        raise ValueError(f"rand_seed: TRT-LLM's stochastic rounding of an fp16 state is replay's float16_sr "
+                         f"checkpoint (an fp16 ssm_cache_dtype); this state's checkpoint is {ckpt}")
     is_verify, inputs = step_inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus=dt_softplus,
                                     state_batch_indices=state_batch_indices, out=out,
                                     disable_state_update=disable_state_update, cache_steps=cache_steps)
