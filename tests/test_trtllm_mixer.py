@@ -67,7 +67,7 @@ class Mamba2Mixer(torch.nn.Module):
                 manager.get_conv_states(self.layer_idx)[state_indices_p] = hidden_states["prefill_conv"]
         if num_decodes > 0 and is_target_verify:
             layer_cache = manager.mamba_layer_cache(self.layer_idx)
-            rows = manager.intermediate_state_indices[:num_decodes]
+            rows = torch.arange(manager.get_max_resource_count(), dtype=torch.int32)[:num_decodes]   # TRT-LLM's
             _conv_state_update(hidden_states["xbc"].view(num_decodes, T, -1).transpose(1, 2), layer_cache.conv,
                                state_indices_d, layer_cache.intermediate_conv_window, rows)
             x_d = rearrange(hidden_states["x"], "(b t) (h p) -> b t h p", t=T, p=P).contiguous()
@@ -142,6 +142,10 @@ class PythonMambaCacheManager:
             self.mamba_cache = self.State(conv=conv, temporal=temporal)
         self._padding_slot, self._attention_dp_dummy_slot = max_batch_size - 1, None
         self.intermediate_state_indices = torch.arange(max_batch_size, dtype=torch.int32)
+        self.max_batch_size = max_batch_size
+
+    def get_max_resource_count(self):
+        return self.max_batch_size
 
     def is_speculative(self):
         return isinstance(self.mamba_cache, self.SpeculativeState)
@@ -327,8 +331,11 @@ def test_verify_and_commit_through_trtllm_call_site_and_manager(monkeypatch):
 
 def _speculative_run(manager, model, params, gen, T):
     """Prefills, T-token verifies with random acceptance across flushes (window 4) and a prefill beside
-    verifies through ``model``'s mixers over ``manager``; commits by ``manager.update_mamba_states``."""
-    pad = manager._padding_slot
+    verifies through ``model``'s mixers over ``manager``; commits by ``manager.update_mamba_states``. The
+    mixers and the commit see ``manager`` (a manager or TRT-LLM's facade over one); the checks read the
+    manager itself."""
+    impl = getattr(manager, "_impl", manager)
+    pad = impl._padding_slot
     oracle, conv_oracle, errs = {}, {}, []
 
     def batch(prefill_slots, verify_slots):
@@ -365,7 +372,7 @@ def _speculative_run(manager, model, params, gen, T):
         num_accepted = torch.cat([torch.full((n_p,), 7), accepted]).int()
         manager.update_mamba_states(meta, num_accepted, slots)
         for (k, s), window in conv_oracle.items():
-            assert torch.equal(manager.mamba_cache.conv[k, s], window), (k, s)
+            assert torch.equal(impl.mamba_cache.conv[k, s], window), (k, s)
 
     batch([0, 1, 2], [])
     for _ in range(6):                                # accepted 1..3 per verify: flushes at window 4
@@ -375,22 +382,38 @@ def _speculative_run(manager, model, params, gen, T):
         batch([], [1, 3, pad, 0, 2])
     assert max(errs) < TOL["float32"] and len(errs) == 2 * T * (6 * 3 + 2 + 5 * 4)
     for (k, s), state in oracle.items():              # every accepted token is in the state
-        assert rms_ratio(manager.replay.read_state(k, torch.tensor([s]))[0], state) < TOL["float32"]
+        assert rms_ratio(impl.replay.read_state(k, torch.tensor([s]))[0], state) < TOL["float32"]
 
 
 class MambaCacheManager:
     """TRT-LLM's facade over its Python manager (00bce92; the Mixed hybrid manager's base): builds
-    ``self._impl`` by the module-global name ``PythonMambaCacheManager`` and forwards to it; its own
-    ``update_mamba_states`` passes the latest releases' four arguments by position (2829508)."""
+    ``self._impl`` by the module-global name ``PythonMambaCacheManager`` and forwards TRT-LLM's own
+    methods to it, by name, nothing else (as TRT-LLM's facade does); its ``update_mamba_states``
+    passes the latest releases' four arguments by position (2829508)."""
 
     def __init__(self, module, **kwargs):
         self._impl = module.PythonMambaCacheManager(**kwargs)
 
+    def get_max_resource_count(self):
+        return self._impl.get_max_resource_count()
+
+    def get_conv_states(self, layer_idx):
+        return self._impl.get_conv_states(layer_idx)
+
+    def get_ssm_states(self, layer_idx):
+        return self._impl.get_ssm_states(layer_idx)
+
+    def is_speculative(self):
+        return self._impl.is_speculative()
+
+    def mamba_layer_cache(self, layer_idx):
+        return self._impl.mamba_layer_cache(layer_idx)
+
+    def shutdown(self):
+        self._impl.shutdown()
+
     def update_mamba_states(self, attn_metadata, num_accepted_tokens, state_indices, accepted_leaf_positions=None):
         self._impl.update_mamba_states(attn_metadata, num_accepted_tokens, state_indices, accepted_leaf_positions)
-
-    def __getattr__(self, name):
-        return getattr(self._impl, name)
 
 
 def _reenacted_gdn_module(monkeypatch):
@@ -464,9 +487,9 @@ def test_enable_replay_puts_replay_managers_and_layers_in_trtllm_executor(monkey
         max_batch_size=S, spec_state_size=S, mapping=None, dtype=torch.float32, ssm_cache_dtype=torch.float32,
         layer_mask=[i in LAYER_IDS for i in range(max(LAYER_IDS) + 1)], speculative_num_draft_tokens=T - 1,
         model_type="nemotron_hybrid", use_replay_state_update=True)
-    cfg = manager.replay.pool.cfg
+    cfg = manager._impl.replay.pool.cfg
     assert seen == [False] and (cfg.window, cfg.max_draft_tokens, cfg.checkpoint_dtype) == (4, T - 1, "float32")
-    assert manager.replay.pool.spec == SPEC
+    assert manager._impl.replay.pool.spec == SPEC
     gen = torch.Generator().manual_seed(5)
     params = Params(SPEC, len(LAYER_IDS), gen)
     model = torch.nn.ModuleList([mixer_class(i, params.A[k], params.D[k], params.dt_bias[k])
