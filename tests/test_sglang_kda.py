@@ -174,14 +174,20 @@ def test_kda_verify_and_commit_through_sglangs_backend(server_args, backend, low
 
 
 def test_kda_refusals(server_args):
-    from sglang.kernels.ops.attention import kda_fused_decode
+    import importlib
+
     from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
     from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
     from sglang.srt.layers.attention.linear.utils import LinearAttnBackends, LinearAttnKernelBackend
-    covered = kda_fused_decode.covered
+    from replayssm.integrations.sglang import versions
+
+    fused = [importlib.import_module(name) for name in versions.seams().kda_fused_decode_modules]
+    assert len(fused) == (3 if versions.seams().version == "0.5.23" else 1)   # 0.5.23: ROCm gfx950's two
+    covered = [m.covered for m in fused]
     hooks.install(rs.ReplayConfig(window=4, ring_dtype="float32"))
     try:
-        assert kda_fused_decode.covered() is False                       # K3's fused decode stays off
+        for m in fused:                                                  # K3's fused decodes stay off
+            assert m.covered() is False, m.__name__
         req_pool = _req_pool()
         runner = _runner(server_args, req_pool)
         backend = KDAAttnBackend(runner)
@@ -211,7 +217,7 @@ def test_kda_refusals(server_args):
                                             retrieve_parent_token=torch.zeros(2, 3, dtype=torch.int64))
     finally:
         hooks.uninstall()
-    assert kda_fused_decode.covered is covered
+    assert [m.covered for m in fused] == covered
 
 
 def test_kda_decode_track_copies_the_whole_state(replay_on):

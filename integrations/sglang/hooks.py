@@ -14,7 +14,7 @@ where the releases differ, ``versions``).
 | ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
 | ``GDNAttnBackend.forward_extend`` | around an extend (not a verify): the rows flushed before, refreshed after |
 | ``TritonKDAKernel.packed_decode`` / ``decode`` / ``target_verify`` (``KDAAttnBackend``'s kernel seam) | replay KDA decode / verify |
-| ``kda_fused_decode.covered``, ``KDAAttnBackend._can_run_fused_chain_verify`` (0.5.23) / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
+| ``covered`` of the fused KDA decodes (``kda_fused_decode``; 0.5.23: ROCm gfx950's ``kda_fused_decode_gfx950``, ``kda_fused_decode_aiter_hip``), ``KDAAttnBackend._can_run_fused_chain_verify`` (0.5.23) / ``_can_run_dspark_cutedsl_mtp`` | False: those fused kernels would update the state past the seam |
 | ``KDAAttnBackend.supports_prefill_graph_extend`` (0.5.23) | False: a breakable prefill CUDA graph would capture the KDA extend past the extend hooks |
 | ``KDAAttnBackend.forward_extend`` | around an extend (not a verify): the rows flushed before, refreshed after |
 | ``MambaPoolHost.backup_from_device_all_layer`` / ``load_to_device_per_layer`` (HiCache's host tier) | slots flushed before a backup, refreshed after each layer's load |
@@ -76,7 +76,6 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
     seams = versions.seams()
     from sglang.srt.disaggregation.decode_schedule_batch_mixin import ScheduleBatchDisaggregationDecodeMixin
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
-    from sglang.kernels.ops.attention import kda_fused_decode
     from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
     from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
     from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
@@ -152,9 +151,10 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
     def not_taken(*args, **kwargs):
         return False
 
-    # SGLang's fused KDA variants update the state past the kernel seam: K3's conv + decode kernel
-    # and the DSPARK / fused conv + gating chain verify kernels
-    _patch(kda_fused_decode, "covered", not_taken)
+    # SGLang's fused KDA variants update the state past the kernel seam: K3's conv + decode kernels
+    # (CUDA, and ROCm gfx950's HIP ones) and the DSPARK / fused conv + gating chain verify kernels
+    for name in seams.kda_fused_decode_modules:
+        _patch(importlib.import_module(name), "covered", not_taken)
     for name in seams.kda_fused_paths:
         _patch(KDAAttnBackend, name, not_taken)
     # 0.5.23's breakable prefill CUDA graphs capture a KDA extend on their own slot tables, past the

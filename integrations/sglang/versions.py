@@ -31,6 +31,11 @@ class Seams0523:
     mamba_pool_host_module = "sglang.srt.mem_cache.pool_host.mamba"
     mamba_component_module = "sglang.srt.mem_cache.unified_cache.components.mamba"
     kda_fused_paths = ("_can_run_fused_chain_verify", "_can_run_dspark_cutedsl_mtp")
+    # modules of fused KDA decodes (conv + gating + decode, writing the state) whose ``covered`` check
+    # decides whether they run: K3's, and on ROCm gfx950 the HIP ones KDAAttnBackend.forward_decode takes
+    kda_fused_decode_modules = ("sglang.kernels.ops.attention.kda_fused_decode",
+                                "sglang.kernels.ops.attention.kda_fused_decode_gfx950",
+                                "sglang.kernels.ops.attention.kda_fused_decode_aiter_hip")
     kda_config_finder = "hybrid_kda_config"
 
     @staticmethod
@@ -114,6 +119,7 @@ class Seams0517(Seams0523):
     mamba_pool_host_module = "sglang.srt.mem_cache.memory_pool_host"
     mamba_component_module = "sglang.srt.mem_cache.unified_cache.components.mamba_component"
     kda_fused_paths = ("_can_run_dspark_cutedsl_mtp",)
+    kda_fused_decode_modules = ("sglang.kernels.ops.attention.kda_fused_decode",)
     kda_config_finder = "kimi_linear_config"
 
     @staticmethod
