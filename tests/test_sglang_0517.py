@@ -26,6 +26,7 @@ TESTS = (
     "tests/test_sglang_replay.py::test_pool_wraps_sglang_temporal_without_copy",
     "tests/test_sglang_replay.py::test_tensor_parallel_ranks_replay_their_own_heads",
     "tests/test_sglang_replay.py::test_decode_through_sglang_call_site_matches_step_recurrence",
+    "tests/test_sglang_replay.py::test_fp16_sr_checkpoint_and_nvfp4_read_copy_through_sglang_call_site",
     "tests/test_sglang_replay.py::test_slot_events_follow_sglang_clear_copy_and_host_copy",
     "tests/test_sglang_replay.py::test_finishing_request_slot_is_flushed_before_the_tree_takes_it",
     "tests/test_sglang_replay.py::test_the_slot_sglang_picks_for_the_tree_is_flushed",

@@ -741,6 +741,13 @@ def test_pool_refusals(replay_on):
     with pytest.raises(ValueError, match=r"cache_params: temporal \(0, 1, 16\) is empty"):
         HybridReqToTokenPool.mamba_pool_cls(size=4, spec_state_size=4, cache_params=empty, mamba_layer_ids=LAYERS,
                                             device=DEVICE)
+    mamba1 = Mamba2CacheParams(shape=Mamba2StateShape.create_full_rank(tp_world_size=1, intermediate_size=H * P,
+                                                                      state_size=N, conv_kernel=4),
+                               layers=LAYERS, dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
+    with pytest.raises(ValueError, match=r"cache_params: conv dim 24 = H\*P for temporal \(24, 1, 16\): a Mamba-1 "
+                                         r"layer .* serve it without --replay-ssm"):
+        HybridReqToTokenPool.mamba_pool_cls(size=4, spec_state_size=4, cache_params=mamba1, mamba_layer_ids=LAYERS,
+                                            device=DEVICE)
     cls = HybridReqToTokenPool.mamba_pool_cls
     with pytest.raises(ValueError, match="enable_linear_replayssm: SGLang's own replay cannot run beside"):
         cls(size=4, spec_state_size=4, cache_params=_cache_params(), mamba_layer_ids=LAYERS, device=DEVICE,

@@ -93,6 +93,10 @@ def layer_spec(cache_params) -> LayerSpec:
         return LayerSpec.gdn(num_k_heads=shape.num_k_heads_per_tp, num_v_heads=hv, head_k_dim=k, head_v_dim=v)
     H, P, N = shape.temporal
     conv_dim = shape.conv[0][0]
+    if conv_dim == H * P:
+        raise ValueError(f"cache_params: conv dim {conv_dim} = H*P for temporal {(H, P, N)}: a Mamba-1 layer (its B and "
+                         "C come after the conv); replay serves Mamba-2, GDN and KDA layers, serve it without "
+                         "--replay-ssm")
     groups, rest = divmod(conv_dim - H * P, 2 * N)
     if rest or groups <= 0:
         raise ValueError(f"cache_params: conv dim {conv_dim} is not H*P + 2*G*N for temporal {(H, P, N)}; "
