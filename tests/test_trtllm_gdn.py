@@ -87,8 +87,9 @@ class Qwen3NextGatedDeltaNet(torch.nn.Module):
         layer_cache = manager.mamba_layer_cache(self.layer_idx)
         ssm_states = layer_cache.temporal
         state_indices_p, state_indices_d = torch.split(state_indices, [num_prefills, num_decodes])
-        if num_prefills > 0:
-            ssm_states[state_indices_p] = 0.0          # new requests start from a zero state
+        if num_prefills > 0:                           # new requests start from a zero state, a later chunk
+            fresh = ~mamba_metadata.has_initial_states[:num_prefills]    # of a prompt from the state so far
+            ssm_states[state_indices_p[fresh]] = 0.0
         is_target_verify = num_decodes > 0 and spec_metadata is not None and manager.is_speculative()
         ssm_buffer = layer_cache.intermediate_ssm if is_target_verify else None
         kwargs = dict(rows=rows, cache_indices=state_indices, state_indices_p=state_indices_p,
@@ -198,9 +199,12 @@ def _tokens(gen, T):
                 b=torch.randn(T, HV, generator=gen))
 
 
-def _forward(model, manager, slots, num_contexts, rows, spec_metadata=None):
+def _forward(model, manager, slots, num_contexts, rows, spec_metadata=None, continuing=()):
+    """One step of ``model``; prefill rows whose slot is in ``continuing`` are a later chunk of their
+    prompt (TRT-LLM's ``has_initial_states``)."""
     meta = SimpleNamespace(num_contexts=num_contexts, seq_lens=torch.ones(len(slots)), kv_cache_manager=manager)
-    mamba = SimpleNamespace(state_indices=torch.tensor(slots, dtype=torch.int32))
+    mamba = SimpleNamespace(state_indices=torch.tensor(slots, dtype=torch.int32),
+                            has_initial_states=torch.tensor([s in continuing for s in slots]))
     return [layer.forward_core(rows[k], meta, mamba, spec_metadata) for k, layer in enumerate(model)]
 
 
@@ -216,18 +220,19 @@ def test_gdn_decode_and_mixed_batches_through_trtllm_call_sites_match_step_recur
     oracle = {}                                       # (layer, slot) -> fp64 state [HV, K, V]
     errs = []
 
-    def batch(prefill, decode_slots):
-        """prefill: {slot: prompt length}; then one token for each decode slot."""
+    def batch(prefill, decode_slots, continuing=()):
+        """prefill: {slot: prompt length} (a later chunk of its prompt for a slot in ``continuing``); then one
+        token for each decode slot."""
         slots = list(prefill) + decode_slots
         rows = [[_tokens(gen, T) for T in prefill.values()] + [_tokens(gen, 1) for _ in decode_slots]
                 for _ in model]
-        outs = _forward(model, manager, slots, len(prefill), rows)
+        outs = _forward(model, manager, slots, len(prefill), rows, continuing=continuing)
         for k, (layer, out) in enumerate(zip(model, outs)):
             out = out[0]
             pos = 0
             for slot, tokens in zip(slots, rows[k]):
                 T = tokens["q"].shape[0]
-                if slot in prefill:
+                if slot in prefill and slot not in continuing:
                     oracle[k, slot] = torch.zeros(HV, K, V, dtype=torch.float64)
                 if slot == PAD:
                     assert out[pos].eq(0).all()      # a padding row reads and writes nothing
@@ -247,9 +252,10 @@ def test_gdn_decode_and_mixed_batches_through_trtllm_call_sites_match_step_recur
     for _ in range(2):
         batch({}, [2, 0, 1, PAD])
     batch({1: 3}, [2, 0])                             # a new request in slot 1 (its ring held entries)
+    batch({1: 2}, [2, 0], continuing={1})             # its prompt's second chunk, from the state so far
     for _ in range(5):
         batch({}, [2, 0, 1, PAD])
-    assert len(errs) == 2 * (6 * 2 + 2 + 2 * 3 + 2 + 5 * 3) and max(errs) < TOL["float32"]
+    assert len(errs) == 2 * (6 * 2 + 2 + 2 * 3 + 2 + 2 + 5 * 3) and max(errs) < TOL["float32"]
     for (k, s), state in oracle.items():              # every token is in the state
         assert rms_ratio(states.read_state(k, torch.tensor([s]))[0], state) < TOL["float32"]
     assert not CALLS                                  # TRT-LLM's own decode never ran on replay states
