@@ -442,6 +442,24 @@ def test_serving_overlap_runs_where_sglang_allows_it(tmp_path, monkeypatch):
                      ("replay-nvfp4", "no_buffer", False), ("replay-nvfp4", "extra_buffer", True)]
     text = bench_serving.table([tmp_path / "out" / "serving-kimi-linear.json"])
     assert "| kimi-linear | replay-nvfp4 | extra_buffer, overlap | 8 | 1 | 1600 |" in text
+    # a variant capped below the largest load: only its loads up to the cap, its server sized for them
+    sized = []
+
+    def sizing(model, model_dir, variant, strategy, args, *rest, **kw):
+        flags = bench_serving.server_flags(model_dir, "gdn", 30000, strategy, args)
+        sized.append((variant, args.concurrency, flags[flags.index("--max-running-requests") + 1]))
+        return []
+
+    monkeypatch.setattr(bench_serving, "serve_and_measure", sizing)
+    assert bench_serving.main(["--models", "kimi-linear", "--variants", "sglang", "replay-nvfp4", "--concurrency", "8",
+                               "16", "--max-concurrency", "sglang=12", "--out", str(tmp_path / "capped"),
+                               "--models-dir", str(tmp_path / "models")]) == 0
+    assert sized == [("sglang", [8], "8"), ("replay-nvfp4", [8, 16], "16")]      # --max-running-requests
+    for bad in ("sglang=0", "nope=4", "sglang", "sglang=4"):
+        with pytest.raises(SystemExit):
+            bench_serving.main(["--models", "kimi-linear", "--variants", "sglang", "--concurrency", "8",
+                                "--max-concurrency", bad, "--out", str(tmp_path / "refused")])
+    monkeypatch.setattr(bench_serving, "serve_and_measure", fake)
     calls.clear()
     assert bench_serving.main(["--models", "kimi-linear", "--variants", "sglang", "replay-nvfp4", "--no-overlap",
                                "--concurrency", "8", "--out", str(tmp_path / "off"),

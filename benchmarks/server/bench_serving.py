@@ -25,6 +25,10 @@ current one). ``--radix-strategies`` names others (``no_buffer`` runs without th
 as SGLang requires) and ``--no-overlap`` turns the scheduler off everywhere; SGLang's own replay,
 which serves ``no_buffer`` only, runs there whatever ``--radix-strategies`` asks. The rows record both.
 
+``--max-concurrency VARIANT=N`` runs a variant's loads only up to N concurrent requests, its server sized
+for them: a variant whose state does not fit the largest load (SGLang's fp32 Nemotron-H state under
+``extra_buffer`` at 256 requests) is measured at the largest one it fits, beside the others.
+
 ``--workload prefix`` instead sends ``--groups`` groups of ``--prompts-per-group`` requests that
 share a ``--prefix-len``-token prefix (the client's ``generated-shared-prefix`` dataset, with its
 cache report), for each radix strategy of ``--radix-strategies``.
@@ -465,7 +469,8 @@ def plot(rows_by_model: dict[str, list[dict]], path: pathlib.Path) -> None:
         ax.set_title(model)
         ax.set_xlabel("concurrent requests")
         ax.set_ylabel("output tokens/s")
-        ax.legend(fontsize=7)
+        if lines:                               # a model whose every server failed has none
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -484,6 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--request-rate", type=float, default=None,
                     help="requests per second, Poisson arrivals (default: every request at once); a rate "
                          "staggers the requests' starts, so their rings flush at different steps, as in serving")
+    ap.add_argument("--max-concurrency", action="append", default=[], metavar="VARIANT=N",
+                    help="run VARIANT's loads only at the concurrencies up to N, its server sized for the largest of "
+                         "them (a variant whose state does not fit the largest load); repeatable")
     ap.add_argument("--repeat", type=int, default=1,
                     help="loads per concurrency on the same server (rows carry 'load' 1..N: the first runs the "
                          "server's first-use work, the later ones a warm server)")
@@ -550,6 +558,15 @@ def main(argv: list[str] | None = None) -> int:
                  f"profile waits for are logged at info), got {args.profile_steps} at {args.server_log_level}")
     if min(args.concurrency) < 1:
         ap.error(f"--concurrency: expected positive counts, got {args.concurrency}")
+    caps = {}
+    for item in args.max_concurrency:
+        variant, _, n = item.partition("=")
+        if variant not in args.variants or not n.isdigit() or int(n) < 1:
+            ap.error(f"--max-concurrency: expected VARIANT=N with VARIANT among --variants {args.variants} and N a "
+                     f"positive count, got {item!r}")
+        if not any(c <= int(n) for c in args.concurrency):
+            ap.error(f"--max-concurrency: {item} leaves {variant} none of --concurrency {args.concurrency}")
+        caps[variant] = int(n)
     if args.speculative == "mtp":
         if args.draft_tokens < 2:
             ap.error(f"--draft-tokens: expected at least 2 (one draft and the bonus token), got {args.draft_tokens}")
@@ -577,9 +594,12 @@ def main(argv: list[str] | None = None) -> int:
             for variant in args.variants:
                 if not check_server.serves(variant, model):
                     continue
+                # a capped variant's loads and server: only its concurrencies up to the cap
+                vargs = args if variant not in caps else argparse.Namespace(
+                    **(vars(args) | dict(concurrency=[c for c in args.concurrency if c <= caps[variant]])))
                 for strategy, overlap in dict.fromkeys(schedule(variant, s, args.overlap)
                                                        for s in args.radix_strategies):
-                    rows += serve_and_measure(model, model_dir, variant, strategy, args, log, deadline, emit=write,
+                    rows += serve_and_measure(model, model_dir, variant, strategy, vargs, log, deadline, emit=write,
                                               overlap=overlap)
                     write([])
     plot(rows_by_model, args.out / "serving.png")
