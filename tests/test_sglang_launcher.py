@@ -104,7 +104,8 @@ def test_dry_run_decode(environ, capsys, MODEL):
     assert {k: v for k, v in out["plan"].items() if k not in ("layers", "bytes_per_slot")} == dict(
         family="mamba2", attn_tp_size=1, dims=dict(num_heads=4, head_dim=6, state_dim=16, num_groups=2),
         state_dtype="float32", backend="reference", max_draft_tokens=0, capacity=8,
-        total_bytes_per_slot=2 * sum(per_layer.values()))
+        total_bytes_per_slot=2 * sum(per_layer.values()),
+        sglang_conv_bytes_per_slot=2 * (4 * 6 + 2 * 2 * 16) * 3 * 2)   # 2 layers' [H*P + 2GN, width 4 - 1] in bf16
     assert out["plan"]["layers"] == [dict(layer=i, family="mamba2", dims=out["plan"]["dims"], bytes_per_slot=per_layer)
                                      for i in (0, 2)]
     assert out["plan"]["bytes_per_slot"] == {k: 2 * v for k, v in per_layer.items()}

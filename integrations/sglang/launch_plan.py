@@ -14,13 +14,16 @@ server arguments: TP shards the heads), and applies the checks the plugin applie
 Each refusal is a ``SystemExit`` naming the launcher flag. The plan: family, the attention TP width
 (``attn_tp_size``), the per-rank dims, the state dtype, and every replayed layer with its bytes per
 slot (checkpoint, read copy, ring, cursors: ``StatePool.bytes_per_slot`` plus the cursors), with
-their sum over the layers; with speculative decoding also the bytes of SGLang's per-token state
-snapshots per running request (``intermediate_ssm``), which the replay pool does not allocate.
+their sum over the layers; SGLang's conv windows per slot over the layers (``sglang_conv_bytes_per_slot``:
+with the checkpoint, which is SGLang's own state tensor, what a slot of SGLang's mamba pool takes without
+replay); with speculative decoding also the bytes of SGLang's per-token state snapshots per running
+request (``intermediate_ssm``), which the replay pool does not allocate.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from replayssm import ReplayConfig
 from replayssm import backend as backends
@@ -120,7 +123,9 @@ def replay_plan(server_args, cfg: ReplayConfig, model_cfg=None) -> dict:
     plan = dict(family=spec.family, attn_tp_size=tp, dims=dims, state_dtype=str(state_dtype).removeprefix("torch."),
                 backend=backend, max_draft_tokens=cfg.max_draft_tokens, capacity=cfg.capacity, layers=layers,
                 bytes_per_slot={k: v * len(layers) for k, v in per_layer.items()},
-                total_bytes_per_slot=sum(per_layer.values()) * len(layers))
+                total_bytes_per_slot=sum(per_layer.values()) * len(layers),
+                sglang_conv_bytes_per_slot=sum(math.prod(c) for c in params.shape.conv) * params.dtype.conv.itemsize
+                * len(layers))
     if cfg.max_draft_tokens:
         # SGLang's per-token state snapshots of a verify (intermediate_ssm), which the replay pool does not allocate
         plan["sglang_snapshot_bytes_per_request"] = (cfg.max_draft_tokens + 1) * per_layer["checkpoint"] * len(layers)
