@@ -760,6 +760,28 @@ def test_pool_refusals(replay_on):
             speculative_num_draft_tokens=4, speculative_eagle_topk=10)
 
 
+def test_refused_settings_stop_a_runner_before_sglang_builds_it(replay_on):
+    """A server started without the launcher (the plugin's environment variable set by hand) meets the
+    launcher's refusals of SGLang's resolved settings where SGLang builds its model runner, before any
+    of SGLang's own construction runs."""
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    runner = object.__new__(ModelRunner)
+    for settings, match in ((dict(enable_lmcache=True), "--enable-lmcache: not served with --replay-ssm"),
+                            (dict(speculative_algorithm="DFLASH"), "--speculative-algorithm: .*DFLASH's ragged"),
+                            (dict(mamba_radix_cache_strategy="extra_buffer_lazy"),
+                             "--mamba-radix-cache-strategy: replayssm serves no_buffer and extra_buffer; got "
+                             "extra_buffer_lazy")):
+        with pytest.raises(RuntimeError, match=match):
+            ModelRunner.__init__(runner, server_args=SimpleNamespace(**settings))
+    # served settings go on to SGLang's own constructor, which then wants its other arguments
+    with pytest.raises(TypeError):
+        ModelRunner.__init__(runner, server_args=SimpleNamespace(mamba_radix_cache_strategy="extra_buffer",
+                                                                 speculative_algorithm="EAGLE"))
+
+
 def test_a_state_outside_a_replay_pool_is_refused(replay_on):
     stray = torch.zeros(7, H, P, N)
     inp = make_inputs(SPEC, Params(SPEC, 1, torch.Generator().manual_seed(6)), 0, 2, None,

@@ -10,6 +10,7 @@ where the releases differ, ``versions``).
 | ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
 | ``MambaComponent.prepare_for_caching_req`` | the slot SGLang picked for the radix tree (``insert_params.mamba_value``: a finished request's own slot, an extra_buffer track slot, a running request's no_buffer copy) is flushed, after the forwards already issued |
 | ``ModelRunner._forward_raw`` | the stream a forward runs on is recorded, which a tree donation's flush waits for |
+| ``ModelRunner.__init__`` | SGLang's resolved settings that replay refuses (``options.refusal``, as the launcher) raise before SGLang builds the runner |
 | ``TritonGDNKernel.packed_decode`` / ``target_verify`` (``GDNAttnBackend``'s kernel seam) | replay GDN decode / verify |
 | ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
 | ``GDNAttnBackend.forward_extend`` | around an extend (not a verify): the rows flushed before, refreshed after |
@@ -31,12 +32,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 
 import torch
 
 from replayssm import ReplayConfig
 
-from . import gdn, kda, mamba2, pool, versions
+from . import gdn, kda, mamba2, options, pool, versions
 
 _saved: list[tuple[object, str, object]] = []
 
@@ -132,6 +134,17 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
             pool.forward_starts(mamba_pool)
 
     _around(ModelRunner, "_forward_raw", before=forward_starts)
+
+    runner_init = inspect.signature(ModelRunner.__dict__["__init__"])
+
+    def runner_settings_served(runner, *args, **kwargs):
+        # SGLang's resolved settings, as the launcher checks them: again here for a server started
+        # without the launcher (the plugin's environment variable set by hand)
+        message = options.refusal(runner_init.bind_partial(runner, *args, **kwargs).arguments.get("server_args"))
+        if message is not None:
+            raise RuntimeError(message)
+
+    _around(ModelRunner, "__init__", before=runner_settings_served)
 
     _patch(TritonGDNKernel, "packed_decode", gdn.replay_packed_decode)
 

@@ -35,19 +35,6 @@ from . import options
 # SGLang's storage dtype for the checkpoint (``temporal``) per replayssm checkpoint dtype
 _SSM_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16_sr": "float16"}
 _OWN_REPLAY_FLAGS = ("--enable-linear-replayssm", "--enable-linear-replayssm-spec", "--linear-replayssm-cache-len")
-# resolved SGLang settings replay refuses: field -> (flag, value that is fine, why)
-_REFUSED = {
-    "enable_unified_memory": ("--enable-unified-memory", False, "its mamba pool class is not the replay pool"),
-    "enable_mamba_cache_stochastic_rounding": ("--enable-mamba-cache-stochastic-rounding", False,
-                                               "use --replay-checkpoint-dtype float16_sr"),
-    "enable_lmcache": ("--enable-lmcache", False, "LMCache loads a state into a mamba slot past the replay hooks"),
-    # SGLang 0.5.23 (0.5.17 has no such field)
-    "enable_unified_cache_external_linker": ("--enable-unified-cache-external-linker", False,
-                                             "the external linker loads a state into a mamba slot past the replay "
-                                             "hooks"),
-}
-
-
 def _flag_value(args: list[str], flag: str) -> str | None:
     for i, a in enumerate(args):
         if a == flag and i + 1 < len(args):
@@ -168,11 +155,11 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
 
 
 def check_server_args(server_args) -> None:
-    """SystemExit naming the flag when SGLang's resolved settings combine replay with what it does not serve."""
-    for field, (flag, fine, why) in _REFUSED.items():
-        value = getattr(server_args, field, fine)
-        if value != fine:
-            raise SystemExit(f"{flag}: not served with --replay-ssm ({why}); got {value!r}")
+    """SystemExit naming the flag when SGLang's resolved settings combine replay with what it does not
+    serve (``options.refusal``)."""
+    message = options.refusal(server_args)
+    if message is not None:
+        raise SystemExit(message)
 
 
 def main(argv: list[str] | None = None) -> None:
