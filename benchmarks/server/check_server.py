@@ -377,9 +377,7 @@ def prefix_cache(result: dict) -> dict | None:
         return None
     hits = [i for i, r in enumerate(result["prefix"]) if r.get("cached_tokens", 0) > 0]
     row = compare(dict(prefix=[result["prefix_cache_off"][i] for i in hits]),
-                  dict(prefix=[result["prefix"][i] for i in hits]))
-    row = row.get("prefix", dict(requests=0, identical=0, first_difference_at=[], tokens_compared=0,
-                                 logprob_diff_mean=0.0, logprob_diff_max=0.0, within_one_bf16_step=0.0))
+                  dict(prefix=[result["prefix"][i] for i in hits]))["prefix"]       # no hits: a row of zeros
     return dict(row, requests_sent=len(result["prefix"]),
                 cached_tokens=[result["prefix"][i]["cached_tokens"] for i in hits])
 
