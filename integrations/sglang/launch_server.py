@@ -99,9 +99,9 @@ def resolve(argv: list[str]) -> tuple[dict | None, list[str], bool]:
     if topk is not None and int(topk) > 1:
         raise SystemExit(f"--speculative-eagle-topk: replay verifies a chain of drafts; expected 1, got {topk}")
     algorithm = _flag_value(rest, "--speculative-algorithm")
-    if algorithm is not None and algorithm.upper() in ("DFLASH", "DSPARK"):
-        raise SystemExit(f"--speculative-algorithm: replay verifies a dense chain of drafts; {algorithm}'s ragged "
-                         "verify is not built")
+    refused = options.refusal(argparse.Namespace(speculative_algorithm=algorithm))   # DFLASH / DSPARK
+    if refused is not None:
+        raise SystemExit(refused)
     breadth = _flag_value(rest, "--speculative-ngram-max-bfs-breadth")
     if algorithm is not None and algorithm.upper() == "NGRAM" and (breadth is None or int(breadth) > 1):
         # SGLang's NGRAM verifies a draft tree this wide (its default: 10)
