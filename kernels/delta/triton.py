@@ -183,16 +183,15 @@ def _delta_flush_kernel(
                         S = S * tl.exp(g_e)
                     S += tl.dot(tl.trans(w_h), d_hist, input_precision=DOT)
                     j0 = count
-                    dj = tl.zeros([BV], dtype=tl.float32)
                 else:
                     j0 = 0
-                    dj = tl.zeros([BV], dtype=tl.float32)
                 # exact steps: the committed entries not folded above (all of them behind a read copy, else
                 # a decode's own token) replay on the checkpoint tile
+                dj = tl.zeros([BV], dtype=tl.float32)
                 for j in tl.range(j0, n_fold, num_stages=STAGES):
-                    kj, vj, bj, gj = replay_entry(j, count, origin, capacity, rk, rv, rbeta, rg, k_i, k_t, k_hd,
-                                                  v_i, v_t, v_hd, beta_i, be_t, h, g_i, g_t, g_hd, ok, ov, ok < K,
-                                                  vmask, K, V, PER_CHANNEL)
+                    kj, vj, bj, gj = replay_entry(j, count, origin, capacity, rk, rv, rbeta, rg, k_i, k_t, k_hd, v_i,
+                                                  v_t, v_hd, beta_i, be_t, h, g_i, g_t, g_hd, ok, ov, ok < K, vmask, K,
+                                                  V, PER_CHANNEL)
                     if PER_CHANNEL:
                         S = S * tl.exp(gj)[:, None]
                     else:
