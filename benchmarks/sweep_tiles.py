@@ -31,7 +31,8 @@ candidate (the candidates must agree):
 - flush_replay_vk, verify_flush_vk (GDN / KDA): flush_replay's columns, then the flush and
   staggered steps behind an fp8 read copy, and verify_flush's behind NVFP4 (all, half), on a
   [S, HV, V, K] checkpoint; the first row is the same step on [S, HV, K, V] at the kv tile in use
-  (what the vk rows should match), then the candidates: the tile in use, its key runs, rows / warps,
+  (what the vk rows should match), then the candidates: the tile in use, for a decode's flush the
+  window solved (``solve``, GDN) at several rows / warps and chunks, its key runs, rows / warps,
   stages, row_programs, the read-copy encode's row maxima over the tile (``rows_from_blocks=False``).
 A step with flush rows is timed without moving the cursors, so every call folds the same window
 into the checkpoint again: there the candidates' outputs drift apart with the number of calls timed,
