@@ -295,12 +295,11 @@ def replay_entry(j, count, origin, capacity, rk, rv, rbeta, rg, k_i, k_t, k_hd, 
 
 
 @triton.jit
-def _window_keys(rk, k_i, k_t, k_hd, pos, t, win, rj, oc, K: tl.constexpr):
-    """Key channels ``oc`` of the window's entries as fp32 ``[BM, len(oc)]``: entry e from the ring (``rj``,
-    at ring position ``pos``) or the step's token ``t``; zero outside the window (``win``)."""
-    return (tl.load(rk + pos[:, None] * K + oc[None, :], mask=(win & rj)[:, None], other=0.0).to(tl.float32)
-            + tl.load(k_i + t[:, None] * k_t + k_hd + oc[None, :], mask=(win & ~rj)[:, None],
-                      other=0.0).to(tl.float32))
+def _window(ring, tok, from_ring, from_tok):
+    """The window's entries as fp32 from two sources, each read where its mask holds and zero elsewhere:
+    ``ring`` (pointers into the ring, mask ``from_ring``) and ``tok`` (the step's token, ``from_tok``)."""
+    return (tl.load(ring, mask=from_ring, other=0.0).to(tl.float32)
+            + tl.load(tok, mask=from_tok, other=0.0).to(tl.float32))
 
 
 @triton.jit
@@ -329,23 +328,22 @@ def _solve_flush(ck, c_k, c_v, codes, bs, rs, n, count, origin, capacity, rk, rv
     t = tl.maximum(e - count, 0)
     jc = tl.arange(0, SC)
     vm = vmask[None, :]
+    in_ring, in_tok = win & rj, win & ~rj
     KEXACT: tl.constexpr = (rk.dtype.element_ty.primitive_bitwidth == 16
                             and k_i.dtype.element_ty.primitive_bitwidth == 16)
     u0 = tl.zeros([BM, BV], dtype=tl.float32)
     kk = tl.zeros([BM, BM], dtype=tl.float32)
     for c in tl.range(0, K // SC, num_stages=STAGES):
         oc = c * SC + jc
-        kc = _window_keys(rk, k_i, k_t, k_hd, pos, t, win, rj, oc, K)                                 # [BM, SC]
+        kc = _window(rk + pos[:, None] * K + oc[None, :], k_i + t[:, None] * k_t + k_hd + oc[None, :],
+                     in_ring[:, None], in_tok[:, None])                                                  # [BM, SC]
         s0 = tl.load(ck + oc[:, None] * c_k + ov[None, :] * c_v, mask=vm, other=0.0).to(tl.float32)   # [SC, BV]
         u0 = dot_fp32(kc, s0, u0, KEXACT, False, DOT)
         kk = dot_fp32(kc, tl.trans(kc), kk, KEXACT, KEXACT, DOT)
-    v_w = (tl.load(rv + pos[:, None] * V + ov[None, :], mask=(win & rj)[:, None] & vm, other=0.0).to(tl.float32)
-           + tl.load(v_i + t[:, None] * v_t + v_hd + ov[None, :], mask=(win & ~rj)[:, None] & vm,
-                     other=0.0).to(tl.float32))                                                        # [BM, BV]
-    b_w = (tl.load(rbeta + pos, mask=win & rj, other=0.0)
-           + tl.load(beta_i + t * be_t + b_hd, mask=win & ~rj, other=0.0).to(tl.float32))               # [BM]
-    g_w = (tl.load(rg + pos, mask=win & rj, other=0.0)
-           + tl.load(g_i + t * g_t + g_hd, mask=win & ~rj, other=0.0).to(tl.float32))                   # [BM]
+    v_w = _window(rv + pos[:, None] * V + ov[None, :], v_i + t[:, None] * v_t + v_hd + ov[None, :],
+                  in_ring[:, None] & vm, in_tok[:, None] & vm)                                          # [BM, BV]
+    b_w = _window(rbeta + pos, beta_i + t * be_t + b_hd, in_ring, in_tok)                               # [BM]
+    g_w = _window(rg + pos, g_i + t * g_t + g_hd, in_ring, in_tok)                                      # [BM]
     gam = tl.cumsum(g_w, axis=0)                                                                        # Γ_j
     g_e = tl.sum(g_w, axis=0)                                                                           # Γ_n
     below = e[:, None] > e[None, :]
@@ -365,7 +363,8 @@ def _solve_flush(ck, c_k, c_v, codes, bs, rs, n, count, origin, capacity, rk, rv
     amax = tl.zeros([BV], dtype=tl.float32)
     for c in tl.range(0, K // SC, num_stages=STAGES):
         oc = c * SC + jc
-        kc = _window_keys(rk, k_i, k_t, k_hd, pos, t, win, rj, oc, K)
+        kc = _window(rk + pos[:, None] * K + oc[None, :], k_i + t[:, None] * k_t + k_hd + oc[None, :],
+                     in_ring[:, None], in_tok[:, None])
         ptr = ck + oc[:, None] * c_k + ov[None, :] * c_v
         s0 = tl.load(ptr, mask=vm, other=0.0).to(tl.float32)
         sc = dot_fp32(tl.trans(kc), dd, s0 * top, KEXACT, False, DOT)                                   # [SC, BV]
