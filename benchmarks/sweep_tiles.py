@@ -183,7 +183,7 @@ def vk_candidates(kind: str, tile: dict) -> list[dict]:
                 dict(tile, stages=1), dict(tile, stages=3), *register_caps(tile),
                 dict(tile, solve=0, key_runs=32, rows_from_blocks=True)]
     if kind == "flush_replay_vk":
-        solved = dict(tile, solve=16, key_runs=0, rows_from_blocks=False)
+        solved = dict(tile, solve=16, key_runs=0)
         return [dict(tile), solved, *solve_candidates(solved), dict(tile, key_runs=0), dict(tile, key_runs=16),
                 dict(tile, key_runs=64), dict(tile, rows=32, num_warps=2), dict(tile, rows=32), dict(tile, stages=1),
                 dict(tile, stages=3), dict(tile, row_programs=16), dict(tile, rows_from_blocks=False),

@@ -31,8 +31,8 @@ d from one triangular solve over its entries, then one fold product, instead of 
 by entry; the checkpoint streamed in chunks of this many key channels, so no ``key_runs``; KDA's
 per-channel gates replay; default 0: replay); ``fold=False`` (sweeps and tests only: a step on the
 checkpoint takes the flush pass instead); ``heads`` (``gating``: value heads per program, a power
-of two, 0 for all of a token's heads); ``maxnreg`` (registers per thread the compiler may use, Triton's launch option;
-default uncapped: a cap buys warps per SM at the price of spills).
+of two, 0 for all of a token's heads); ``maxnreg`` (registers per thread the compiler may use,
+Triton's launch option; default uncapped: a cap buys warps per SM at the price of spills).
 """
 
 TILES = {
