@@ -496,8 +496,10 @@ def test_serving_server_flags_are_sglang_0517s_and_capture_the_loads_batch_sizes
     assert check_server.SLOTS_PER_REQUEST == int(ratio.stdout.split()[-1])
     assert int(flags[flags.index("--max-mamba-cache-size") + 1]) >= check_server.SLOTS_PER_REQUEST * 256
     args.speculative = "mtp"
-    spec = [*bench_serving.SPEC_VARIANT["sglang-replay"], *bench_serving.server_flags(tmp_path, "gdn", 30000,
-                                                                                      "no_buffer", args)]
+    args.port = 30000
+    command = bench_serving.server_command("sglang-replay", tmp_path, "gdn", "no_buffer", args)
+    spec = command[command.index("--enable-linear-replayssm-spec"):]
+    assert "--enable-linear-replayssm" not in command      # SGLang refuses it beside the spec flag
     probe = ("import sys, argparse\nfrom sglang.srt.server_args import ServerArgs\n"
              "p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)\n"
              "a = p.parse_args(sys.argv[1:])\nprint(a.cuda_graph_bs_decode, a.mamba_radix_cache_strategy, "
@@ -711,8 +713,7 @@ def test_serving_speculative_mtp_flags_and_model_folders(tmp_path, monkeypatch):
     def fake(model, model_dir, variant, strategy, args, log, deadline, emit, overlap=False):
         config = json.loads((model_dir / "config.json").read_text())
         commands.append((model_dir.name, variant, config.get("mtp_num_hidden_layers"),
-                         [*bench_serving.SPEC_VARIANT.get(variant, []),
-                          *bench_serving.server_flags(model_dir, "gdn", 1, strategy, args)]))
+                         bench_serving.server_command(variant, model_dir, "gdn", strategy, args)))
         return []
 
     monkeypatch.setattr(bench_serving, "serve_and_measure", fake)
@@ -724,7 +725,8 @@ def test_serving_speculative_mtp_flags_and_model_folders(tmp_path, monkeypatch):
                                "mtp", "--draft-tokens", "3", "--out", str(out), "--models-dir", str(tmp_path)]) == 0
     assert [c[:3] for c in commands] == [("qwen3.5-9b-mtp", "sglang", 1), ("qwen3.5-9b-mtp", "sglang-replay", 1)]
     flags = commands[1][3]
-    assert flags[0] == "--enable-linear-replayssm-spec" and "--enable-linear-replayssm-spec" not in commands[0][3]
+    assert "--enable-linear-replayssm-spec" in flags and "--enable-linear-replayssm" not in flags
+    assert not {"--enable-linear-replayssm-spec", "--enable-linear-replayssm"} & set(commands[0][3])
     i = flags.index("--speculative-algorithm")
     assert flags[i:i + 8] == ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2",
                               "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]

@@ -80,9 +80,10 @@ VARIANTS = {
 }
 ROW_KEYS = ("output_throughput", "median_itl_ms", "p99_itl_ms", "median_ttft_ms", "p99_ttft_ms", "completed",
             "duration", "total_output_tokens", "accept_length")
-# with --speculative mtp, what each variant adds to the draft flags: SGLang's own replay verifies with
-# its replay spec path (without it SGLang's recurrent verify keeps a snapshot per draft token)
-SPEC_VARIANT = {"sglang-replay": ["--enable-linear-replayssm-spec"]}
+# with --speculative mtp, a variant's flag replaced by its speculative form: SGLang's own replay verifies
+# with its replay spec path (without it SGLang's recurrent verify keeps a snapshot per draft token);
+# SGLang refuses the two flags together (they drive one ring with different cursor protocols)
+SPEC_VARIANT = {"sglang-replay": {"--enable-linear-replayssm": "--enable-linear-replayssm-spec"}}
 
 
 def schedule(variant: str, strategy: str, overlap: bool) -> tuple[str, bool]:
@@ -134,6 +135,15 @@ def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str,
         flags += ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", str(args.draft_tokens - 1),
                   "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(args.draft_tokens)]
     return flags + args.sglang_arg
+
+
+def server_command(variant: str, model_dir: pathlib.Path, family: str, strategy: str, args,
+                   overlap: bool = False) -> list[str]:
+    """The launcher command of ``variant``'s server: its flags (in their speculative form with
+    ``--speculative mtp``, ``SPEC_VARIANT``) and the flags every variant shares."""
+    swap = SPEC_VARIANT.get(variant, {}) if args.speculative == "mtp" else {}
+    return [*(swap.get(flag, flag) for flag in check_server.launcher_command(variant)),
+            *server_flags(model_dir, family, args.port, strategy, args, overlap)]
 
 
 def client_command(port: int, model_dir: pathlib.Path, concurrency: int, out_file: pathlib.Path, args) -> list[str]:
@@ -286,9 +296,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
     run the client at each concurrency, stop it; each load's row is passed to ``emit`` (with the rows
     so far) as soon as it is measured. A load the deadline leaves no time for is recorded as not run."""
     family = models.FAMILIES[model]
-    cmd = [*check_server.launcher_command(variant),
-           *(SPEC_VARIANT.get(variant, []) if args.speculative == "mtp" else []),
-           *server_flags(model_dir, family, args.port, strategy, args, overlap)]
+    cmd = server_command(variant, model_dir, family, strategy, args, overlap)
     base = dict(model=model, variant=variant, radix=strategy, overlap=overlap, workload=args.workload,
                 speculative=args.speculative)
     label = strategy + (", overlap" if overlap else "")

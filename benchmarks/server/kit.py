@@ -15,12 +15,13 @@ What it holds:
 | ``sglang-kernel==0.4.5`` without ``flash_ops`` (FA3), ``flashmla_ops``, ``infllm_ops`` and ``sm100/`` | SGLang's CUDA ops for torch 2.11 on sm90; the libraries left out are attention kernels the harness's servers do not select (they run ``--attention-backend triton``), and make up 1.1 GB of the 1.2 GB |
 | ``xgrammar==0.2.1`` without ``lib/`` | imported by SGLang's function-call parsers; ``lib/`` is its static library for C++ builds |
 | ``flashinfer-python==0.6.15.post1`` | SGLang 0.5.17 imports it on CUDA, and sglang-kernel 0.4.5's RMSNorms call its norm kernels, which its JIT compiles on first use with the machine's ``nvcc`` (into ``~/.cache/flashinfer``); NemotronH's attention layers run its attention kernels (SGLang 0.5.17 serves NemotronH with neither its triton nor its torch_native backend) |
+| ``sgl-deep-gemm==0.1.5.post1`` without ``deep_gemm/include/`` | SGLang 0.5.17's speculative decoding imports it on CUDA (its draft worker lists the sparse-attention backend among those it captures graphs for, and that module imports ``deep_gemm``); ``include/`` holds the CUTLASS headers of its JIT, for kernels the harness's servers do not run |
 | ``transformers==5.12.1``, ``tokenizers==0.22.2`` | SGLang 0.5.17's pin (a newer transformers registers configs SGLang 0.5.17 registers too) |
 | the pure-Python packages in ``PACKAGES`` | what SGLang's server modules import that the image lacks |
 
 ``manifest.json`` beside the archive names each wheel and the archive's SHA-256; ``gpu_server.sh``
-refuses a kit whose archive does not match it. The archive is refused above ``LIMIT`` (48 MiB), so
-that it and the repository copy to the GPU machine together in well under 64 MiB.
+refuses a kit whose archive does not match it. The archive is refused above ``LIMIT`` (52 MiB), so
+that it and the repository copy to the GPU machine together in under 64 MiB.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ SGLANG = "sglang==0.5.17"
 SGLANG_KERNEL = "sglang-kernel==0.4.5"
 XGRAMMAR = "xgrammar==0.2.1"
 FLASHINFER = "flashinfer-python==0.6.15.post1"
+DEEP_GEMM = "sgl-deep-gemm==0.1.5.post1"
 PINNED = ["transformers==5.12.1", "tokenizers==0.22.2"]
 # the image lacks these; each is imported by a module on SGLang 0.5.17's server path
 PACKAGES = [
@@ -65,8 +67,9 @@ STRIP = {
     "sglang_kernel-": ("sgl_kernel/flash_ops", "sgl_kernel/flashmla_ops", "sgl_kernel/infllm_ops", "sgl_kernel/sm100/"),
     "xgrammar-": ("xgrammar/lib/",),
     "flashinfer_python-": (),
+    "sgl_deep_gemm-": ("deep_gemm/include/",),
 }
-LIMIT = 48 * 2**20
+LIMIT = 52 * 2**20
 PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_27_x86_64", "manylinux_2_28_x86_64",
              "manylinux_2_31_x86_64", "manylinux_2_34_x86_64"]
 
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         folder.mkdir(parents=True)
     download([*PINNED, *PACKAGES], args.wheels)
     with tempfile.TemporaryDirectory() as tmp:
-        download([SGLANG, SGLANG_KERNEL, XGRAMMAR, FLASHINFER], pathlib.Path(tmp))
+        download([SGLANG, SGLANG_KERNEL, XGRAMMAR, FLASHINFER, DEEP_GEMM], pathlib.Path(tmp))
         for wheel in sorted(pathlib.Path(tmp).glob("*.whl")):
             strip_wheel(wheel, args.wheels, next(v for k, v in STRIP.items() if wheel.name.startswith(k)))
     wheels = sorted(args.wheels.glob("*.whl"))

@@ -36,6 +36,7 @@ MODULES = (
     "sglang.srt.models.qwen3_5",
     "sglang.srt.models.kimi_linear",
     "sglang.bench_serving",
+    "sglang.srt.layers.attention.dsa_backend",   # speculative decoding's draft worker imports it (deep_gemm)
     "replayssm.integrations.sglang.hooks",
 )
 ROUNDS = 12
