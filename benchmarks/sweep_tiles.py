@@ -31,8 +31,7 @@ candidate (the candidates must agree):
 - flush_replay_vk, verify_flush_vk (GDN / KDA): flush_replay's columns, then the flush and
   staggered steps behind an fp8 read copy, and verify_flush's behind NVFP4 (all, half), on a
   [S, HV, V, K] checkpoint; the first row is the same step on [S, HV, K, V] at the kv tile in use
-  (what the vk rows should match), then the candidates: the tile in use, for a decode's flush the
-  window solved (``solve``, GDN) at several rows / warps and chunks, its key runs, rows / warps,
+  (what the vk rows should match), then the candidates: the tile in use, its key runs, rows / warps,
   stages, row_programs, the read-copy encode's row maxima over the tile (``rows_from_blocks=False``).
 A step with flush rows is timed without moving the cursors, so every call folds the same window
 into the checkpoint again: there the candidates' outputs drift apart with the number of calls timed,
@@ -142,10 +141,7 @@ CANDIDATES = {
                         # one warp: the replay's per-entry reduction over K stays within the warp (no shared memory)
                         + [dict(rows=r, num_warps=1, stages=2, dot="tf32x3", row_programs=rp)
                            for r, rp in ((32, 4), (16, 4), (16, 16), (8, 4), (8, 16))]
-                        + [dict(rows=16, num_warps=1, stages=st, dot="tf32x3", row_programs=4) for st in (1, 3, 4)]
-                        # the window solved (GDN only)
-                        + [dict(rows=r, num_warps=w, stages=2, dot="tf32x3", row_programs=4, solve=16)
-                           for r, w in ((16, 1), (16, 2), (32, 1), (32, 2), (64, 2), (64, 4))],
+                        + [dict(rows=16, num_warps=1, stages=st, dot="tf32x3", row_programs=4) for st in (1, 3, 4)],
         "verify_flush": [dict(rows=r, num_warps=w, stages=2, dot="tf32x3", row_programs=rp)
                          for r, w, rp in ((32, 8, 16), (16, 1, 16), (16, 1, 4), (32, 1, 16), (32, 2, 16), (32, 4, 16))],
     },
@@ -175,29 +171,13 @@ CANDIDATES["delta"]["read"] += [dict(ops.TILES["delta"]["read"], maxnreg=168)]
 
 
 def vk_candidates(kind: str, tile: dict) -> list[dict]:
-    """The candidates of a _vk kind around ``tile``, the family's tile in use; for a decode's flush
-    (flush_replay_vk) the window solved too (``solve``: GDN; sweep() drops them for KDA), at the
-    shapes of :func:`solve_candidates`, or, with a solving tile in use, the replay at its key runs."""
-    if kind == "flush_replay_vk" and tile.get("solve"):
-        return [dict(tile), *solve_candidates(tile), dict(tile, row_programs=16 if tile["row_programs"] != 16 else 4),
-                dict(tile, stages=1), dict(tile, stages=3), *register_caps(tile),
-                dict(tile, solve=0, key_runs=32, rows_from_blocks=True)]
+    """The candidates of a _vk kind around ``tile``, the family's tile in use."""
     if kind == "flush_replay_vk":
-        solved = dict(tile, solve=16, key_runs=0)
-        return [dict(tile), solved, *solve_candidates(solved), dict(tile, key_runs=0), dict(tile, key_runs=16),
-                dict(tile, key_runs=64), dict(tile, rows=32, num_warps=2), dict(tile, rows=32), dict(tile, stages=1),
-                dict(tile, stages=3), dict(tile, row_programs=16), dict(tile, rows_from_blocks=False),
-                *register_caps(tile)]
+        return [dict(tile), dict(tile, key_runs=0), dict(tile, key_runs=16), dict(tile, key_runs=64),
+                dict(tile, rows=32, num_warps=2), dict(tile, rows=32), dict(tile, stages=1), dict(tile, stages=3),
+                dict(tile, row_programs=16), dict(tile, rows_from_blocks=False), *register_caps(tile)]
     return [dict(tile), dict(tile, key_runs=0), dict(tile, key_runs=16), dict(tile, rows=32, num_warps=2),
             dict(tile, row_programs=4), dict(tile, rows_from_blocks=False), *register_caps(tile)]
-
-
-def solve_candidates(tile: dict) -> list[dict]:
-    """The solving tile with more value rows or warps per program (the window's matrix is derived
-    once per program) and its other chunk size."""
-    shapes = ((16, 1), (16, 2), (32, 1), (32, 2), (64, 2), (64, 4), (128, 4))
-    return ([dict(tile, rows=r, num_warps=w) for r, w in shapes if (r, w) != (tile["rows"], tile["num_warps"])]
-            + [dict(tile, solve=32 if tile["solve"] == 16 else 16)])
 
 
 def register_caps(tile: dict) -> list[dict]:
@@ -286,8 +266,6 @@ def sweep(name, batch, kinds, pick=None, q_dtype=None, checkpoint_dtype="float32
             candidates = vk_candidates(kind, {**ops.TILES["delta"], **ops.TILES.get(spec.family, {})}[kind])
         if candidates is None:                   # flush_replay and the _vk kinds are the delta families'
             continue
-        if spec.family == "kda":                 # per-channel gates replay the window (no solve)
-            candidates = [c for c in candidates if not c.get("solve")]
         columns = SETUPS[kind]
         amortized = [c[0] for c in columns][:2] == ["w=7", "flush"]
         heads = [c[0] + " us" for c in columns] + (["amortized us"] if amortized else [])

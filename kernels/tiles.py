@@ -26,13 +26,10 @@ maxima, so that its divisions are not repeated in every lane along K; default Fa
 ``key_runs`` (the delta flush pass behind a read copy: its checkpoint tile as runs of this many key
 channels, value rows across the lanes, kept in that shape through the replay, so that each entry's
 reduction over K stays mostly within a thread on a ``[S, HV, V, K]`` checkpoint; default 0, one
-``[K, BV]`` tile); ``solve`` (the GDN flush pass of a decode behind a read copy: the window's exact
-d from one triangular solve over its entries, then one fold product, instead of replaying it entry
-by entry; the checkpoint streamed in chunks of this many key channels, so no ``key_runs``; KDA's
-per-channel gates replay; default 0: replay); ``fold=False`` (sweeps and tests only: a step on the
-checkpoint takes the flush pass instead); ``heads`` (``gating``: value heads per program, a power
-of two, 0 for all of a token's heads); ``maxnreg`` (registers per thread the compiler may use,
-Triton's launch option; default uncapped: a cap buys warps per SM at the price of spills).
+``[K, BV]`` tile); ``fold=False`` (sweeps and tests only: a step on the checkpoint takes the flush
+pass instead); ``heads`` (``gating``: value heads per program, a power of two, 0 for all of a
+token's heads); ``maxnreg`` (registers per thread the compiler may use, Triton's launch option;
+default uncapped: a cap buys warps per SM at the price of spills).
 """
 
 TILES = {

@@ -25,9 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm.kernels.formats.triton import (READ_CHECKPOINT, abs_max, dot_fp32, load_read_copy, load_read_words,
-                                              round_checkpoint, store_read_chunk, store_read_copy,
-                                              store_read_rows_scale, word_element, word_values)
+from replayssm.kernels.formats.triton import (READ_CHECKPOINT, dot_fp32, load_read_copy, load_read_words,
+                                              round_checkpoint, store_read_copy, word_element, word_values)
 from replayssm.kernels.ring.triton import flush_row_block, flush_row_of_rank, program_ranks, row_route
 
 
@@ -52,7 +51,6 @@ def _delta_flush_kernel(
     PER_CHANNEL: tl.constexpr, HAS_QS: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     ROW_CODE_BYTES: tl.constexpr, CODE_MAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr,
     ROW_PROGRAMS: tl.constexpr, SCAN_ROWS: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr, KEY_RUNS: tl.constexpr,
-    SOLVE: tl.constexpr,
 ):
     """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
 
@@ -72,15 +70,9 @@ def _delta_flush_kernel(
     along K, as a ``[S, HV, V, K]`` checkpoint loads). ``KEY_RUNS`` > 0 (behind a read copy only): the
     replay holds the tile as runs of that many key channels, value rows across the lanes, from the
     load through the stores, so that an entry's reduction over K stays mostly within a thread where
-    K is the contiguous axis (README.md beside this file).
-
-    ``SOLVE`` > 0 (a decode's flush behind a read copy, scalar gates, ``KEY_RUNS`` = 0): the window's exact
-    d come from one unit lower-triangular system instead of the entry-by-entry replay, and the checkpoint
-    streams in ``SOLVE``-channel chunks (:func:`_solve_flush`)."""
+    K is the contiguous axis (README.md beside this file)."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
     tl.static_assert(KEY_RUNS == 0 or READ_FMT != READ_CHECKPOINT, "key runs are a replay's (behind a read copy)")
-    tl.static_assert(SOLVE == 0 or (COMMITTED and KEY_RUNS == 0 and not PER_CHANNEL and READ_FMT != READ_CHECKPOINT),
-                     "the solved window is a decode's flush behind a read copy, with scalar gates and no key runs")
     # a verify of T > 1 tokens on the checkpoint: the verify kernel has evaluated and appended every row's
     # tokens (T = 1 verifies run the decode kernel, which leaves flush rows to this pass)
     EVALUATED: tl.constexpr = (not COMMITTED) and (T > 1) and (READ_FMT == READ_CHECKPOINT)
@@ -154,13 +146,6 @@ def _delta_flush_kernel(
                                 tl.reshape(stored4.to(tl.float32), (BV, K)), ov, vmask, READ_FMT, CODE_MAX, BV, K,
                                 ROW_CODE_BYTES, ROWS_FROM_BLOCKS)
                 S = tl.trans(tl.reshape(S4, (BV, K)))                                # [K, BV], a verify's tokens
-            elif SOLVE > 0:
-                _solve_flush(ck, c_k, c_v, rc_codes + head * ROW_CODE_BYTES, rc_bs + head * (K // 16), rc_rs + head,
-                             n_fold, count, origin, capacity, rk, rv, rbeta, rg, rd, k_i, k_t, k_hd, v_i, v_t, v_hd,
-                             beta_i, be_t, h, g_i, g_t, g_hd, q + i * q_r + hk * q_h,
-                             scale * q_factor(qs + i * qs_r + hk * qs_h, HAS_QS), out + i * o_r + h * o_h, ov, vmask,
-                             sr_base, ep, K, V, BV, BM, SOLVE, DOT, STAGES, CKPT_FMT, READ_FMT, CODE_MAX,
-                             ROW_CODE_BYTES)
             else:
                 S = load_ckpt_tile(ck, c_k, c_v, pid_v * BV, V, K, BV).to(tl.float32)           # [K, BV]
                 if READ_FMT == READ_CHECKPOINT:
@@ -292,93 +277,6 @@ def replay_entry(j, count, origin, capacity, rk, rv, rbeta, rg, k_i, k_t, k_hd, 
     else:
         gj = tl.load(rg + p, mask=rj, other=0.0) + tl.load(g_i + t * g_t + g_hd, mask=~rj, other=0.0).to(tl.float32)
     return kj, vj, bj, gj
-
-
-@triton.jit
-def _window(ring, tok, from_ring, from_tok):
-    """The window's entries as fp32 from two sources, each read where its mask holds and zero elsewhere:
-    ``ring`` (pointers into the ring, mask ``from_ring``) and ``tok`` (the step's token, ``from_tok``)."""
-    return (tl.load(ring, mask=from_ring, other=0.0).to(tl.float32)
-            + tl.load(tok, mask=from_tok, other=0.0).to(tl.float32))
-
-
-@triton.jit
-def _solve_flush(ck, c_k, c_v, codes, bs, rs, n, count, origin, capacity, rk, rv, rbeta, rg, rd, k_i, k_t, k_hd,
-                 v_i, v_t, v_hd, beta_i, be_t, b_hd, g_i, g_t, g_hd, q_ptr, q_scale, o_ptr, ov, vmask, sr_base, ep,
-                 K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, SC: tl.constexpr,
-                 DOT: tl.constexpr, STAGES: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
-                 EMAX: tl.constexpr, CW: tl.constexpr):
-    """A decode's flush of one row behind a read copy, value columns ``ov`` of a head whose checkpoint
-    is ``ck`` (strides ``c_k``, ``c_v``) and read copy ``codes`` / ``bs`` / ``rs``: the window's ``n`` entries
-    (the ring's first ``count``, then the step's token; scalar gates) folded into the checkpoint with
-    their exact d, its read copy re-encoded, the token's output and d stored.
-
-    With ``Γ_j`` the gates' sums through entry j the step-by-step d satisfy
-    ``d_j = β_j (v_j - e^{Γ_j} S0ᵀ k_j - Σ_{i<j} e^{Γ_j - Γ_i} (k_j·k_i) d_i)``: ``(I + A) D = R`` with A strictly
-    lower triangular (README.md beside this file). Three walks over the checkpoint in ``SC``-channel
-    chunks, none holding the ``[K, BV]`` tile: (1) ``U = K S0`` and the keys' Gram matrix, then
-    ``(I + A)⁻¹`` by forward substitution on its ``[BM, BM]`` rows and ``D``; (2) the fold
-    ``S = e^{Γ_n} S0 + Σ_j e^{Γ_n - Γ_j} k_j d_jᵀ`` per chunk (its S0 again, from L2), rounded and stored,
-    the rows' maxima and the output accumulated; (3) the stored chunks re-read and encoded. Products at
-    ``DOT`` (16-bit keys are exact tf32 operands)."""
-    e = tl.arange(0, BM)
-    win = e < n
-    rj = e < count                                                      # from the ring, else the step's token
-    pos = (origin + e) % capacity
-    t = tl.maximum(e - count, 0)
-    jc = tl.arange(0, SC)
-    vm = vmask[None, :]
-    in_ring, in_tok = win & rj, win & ~rj
-    KEXACT: tl.constexpr = (rk.dtype.element_ty.primitive_bitwidth == 16
-                            and k_i.dtype.element_ty.primitive_bitwidth == 16)
-    u0 = tl.zeros([BM, BV], dtype=tl.float32)
-    kk = tl.zeros([BM, BM], dtype=tl.float32)
-    for c in tl.range(0, K // SC, num_stages=STAGES):
-        oc = c * SC + jc
-        kc = _window(rk + pos[:, None] * K + oc[None, :], k_i + t[:, None] * k_t + k_hd + oc[None, :],
-                     in_ring[:, None], in_tok[:, None])                                                  # [BM, SC]
-        s0 = tl.load(ck + oc[:, None] * c_k + ov[None, :] * c_v, mask=vm, other=0.0).to(tl.float32)   # [SC, BV]
-        u0 = dot_fp32(kc, s0, u0, KEXACT, False, DOT)
-        kk = dot_fp32(kc, tl.trans(kc), kk, KEXACT, KEXACT, DOT)
-    v_w = _window(rv + pos[:, None] * V + ov[None, :], v_i + t[:, None] * v_t + v_hd + ov[None, :],
-                  in_ring[:, None] & vm, in_tok[:, None] & vm)                                          # [BM, BV]
-    b_w = _window(rbeta + pos, beta_i + t * be_t + b_hd, in_ring, in_tok)                               # [BM]
-    g_w = _window(rg + pos, g_i + t * g_t + g_hd, in_ring, in_tok)                                      # [BM]
-    gam = tl.cumsum(g_w, axis=0)                                                                        # Γ_j
-    g_e = tl.sum(g_w, axis=0)                                                                           # Γ_n
-    below = e[:, None] > e[None, :]
-    a = tl.where(below, b_w[:, None] * tl.exp(tl.where(below, gam[:, None] - gam[None, :], 0.0)) * kk, 0.0)
-    # (I + A)⁻¹ row by row: row j = e_j - Σ_{i<j} A_ji (row i)
-    inv = (e[:, None] == e[None, :]).to(tl.float32)                                                    # [BM, BM]
-    for j in tl.static_range(1, BM):
-        a_j = tl.sum(tl.where(e[:, None] == j, a, 0.0), axis=0)                                         # [BM]
-        inv = tl.where(e[:, None] == j, inv - tl.sum(a_j[:, None] * inv, axis=0)[None, :], inv)
-    r = b_w[:, None] * (v_w - tl.exp(gam)[:, None] * u0)                                                # [BM, BV]
-    d = dot_fp32(inv, r, tl.zeros([BM, BV], dtype=tl.float32), False, False, DOT)                     # [BM, BV]
-    tl.store(rd + ((origin + n - 1) % capacity) * V + ov, tl.sum(tl.where((e == n - 1)[:, None], d, 0.0), axis=0),
-             mask=vmask)
-    dd = d * tl.exp(g_e - gam)[:, None]
-    top = tl.exp(g_e)
-    o = tl.zeros([BV], dtype=tl.float32)
-    amax = tl.zeros([BV], dtype=tl.float32)
-    for c in tl.range(0, K // SC, num_stages=STAGES):
-        oc = c * SC + jc
-        kc = _window(rk + pos[:, None] * K + oc[None, :], k_i + t[:, None] * k_t + k_hd + oc[None, :],
-                     in_ring[:, None], in_tok[:, None])
-        ptr = ck + oc[:, None] * c_k + ov[None, :] * c_v
-        s0 = tl.load(ptr, mask=vm, other=0.0).to(tl.float32)
-        sc = dot_fp32(tl.trans(kc), dd, s0 * top, KEXACT, False, DOT)                                   # [SC, BV]
-        o += tl.sum(sc * tl.load(q_ptr + oc).to(tl.float32)[:, None], axis=0)
-        stored = round_checkpoint(sc, b_hd * (K * V) + oc[:, None] * V + ov[None, :], sr_base, ep, CKPT_FMT)
-        tl.store(ptr, stored, mask=vm)
-        amax = tl.maximum(amax, abs_max(stored.to(tl.float32), 0), propagate_nan=tl.PropagateNan.ALL)
-    tl.store(o_ptr + ov, (q_scale * o).to(o_ptr.dtype.element_ty), mask=vmask)
-    store_read_rows_scale(rs, amax, ov, vmask, EMAX)
-    tl.debug_barrier()                                       # the stored chunks, visible to every thread
-    for c in tl.range(0, K // SC, num_stages=STAGES):
-        oc = c * SC + jc
-        x = tl.load(ck + ov[:, None] * c_v + oc[None, :] * c_k, mask=vmask[:, None], other=0.0).to(tl.float32)
-        store_read_chunk(codes, bs, x, amax, ov, vmask, c, READ_FMT, EMAX, BV, SC, K, CW)
 
 
 @triton.jit
