@@ -498,19 +498,29 @@ def test_serving_server_flags_are_sglang_0517s_and_capture_the_loads_batch_sizes
     args.speculative = "mtp"
     args.port = 30000
     command = bench_serving.server_command("sglang-replay", tmp_path, "gdn", "no_buffer", args)
-    spec = command[command.index("--enable-linear-replayssm-spec"):]
-    assert "--enable-linear-replayssm" not in command      # SGLang refuses it beside the spec flag
+    assert command[:3] == check_server.launcher_command("sglang-replay")[:3]
+    spec = command[3:]                                     # what the launcher hands SGLang
+    # parsed, then SGLang's own check of its linear-attention flags (it refuses the plain-decode replay
+    # flag beside the spec flag)
     probe = ("import sys, argparse\nfrom sglang.srt.server_args import ServerArgs\n"
              "p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)\n"
-             "a = p.parse_args(sys.argv[1:])\nprint(a.cuda_graph_bs_decode, a.mamba_radix_cache_strategy, "
+             "a = p.parse_args(sys.argv[1:])\n"
+             "try:\n    ServerArgs._handle_linear_attn_backend(a)\n"
+             "except ValueError as e:\n    print('refused:', e)\n    sys.exit(0)\n"
+             "print(a.cuda_graph_bs_decode, a.mamba_radix_cache_strategy, "
              "a.speculative_algorithm, a.speculative_num_draft_tokens, a.enable_linear_replayssm_spec)\n")
     env = {**os.environ, "PYTHONPATH": str(site)}
     for given, printed in ((flags, ["256]", "no_buffer", "None", "None", "False"]),
-                           (spec, ["256]", "no_buffer", "NEXTN", "4", "True"])):
+                           (spec, ["256]", "no_buffer", "NEXTN", "4", "True"]),
+                           (["--enable-linear-replayssm", *spec], None)):
         out = subprocess.run([sys.executable, "-c", probe, *given], capture_output=True, text=True, timeout=300,
                              env=env)
         assert out.returncode == 0, out.stderr[-3000:]
-        assert out.stdout.split()[-5:] == printed
+        if printed is None:
+            assert "refused:" in out.stdout and "mutually exclusive" in out.stdout, out.stdout[-2000:]
+        else:
+            assert "refused:" not in out.stdout, out.stdout[-2000:]
+            assert out.stdout.split()[-5:] == printed
 
 
 def test_launch_refuses_a_port_something_listens_on(tmp_path):
