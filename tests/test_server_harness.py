@@ -603,6 +603,64 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
     assert len(servers) == 1 and late[0]["error"].startswith("not started")
 
 
+def test_serving_records_a_failed_loads_concurrency_and_says_when_the_deadline_cut_it(tmp_path, monkeypatch):
+    import bench_serving
+
+    args = bench_serving.argparse.Namespace(
+        port=1, concurrency=[2, 4], input_len=8, output_len=4, workload="decode", no_prefill_graph=False,
+        mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=600, weights="sglang-dummy",
+        speculative="none", repeat=1, server_log_level="warning", request_rate=None, profile_steps=0)
+    servers = []
+    real_popen = subprocess.Popen
+
+    def launch(cmd, port, log, env):
+        servers.append(real_popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True))
+        return servers[-1]
+
+    class Client:
+        """Finishes its load at concurrency 2 and never ends the one at 4."""
+
+        def __init__(self, cmd, **kw):
+            self.c = int(cmd[cmd.index("--max-concurrency") + 1])
+            out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
+            if self.c == 2:
+                out.write_text(json.dumps(dict(output_throughput=20.0, median_itl_ms=2.0)) + "\n")
+            self.returncode = 0 if self.c == 2 else None
+
+        def poll(self):
+            return self.returncode
+
+        def kill(self):
+            self.returncode = -9
+
+        def wait(self):
+            return self.returncode
+
+    class Deadline:
+        """Time to start the server and both loads, then 0.3 s for each load's client."""
+
+        def left(self, cap):
+            return cap if cap in (30, 60, args.start_timeout) else 0.3
+
+    monkeypatch.setattr(check_server, "launch", launch)
+    monkeypatch.setattr(check_server, "wait_ready", lambda *a: None)
+    monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
+    with open(tmp_path / "log", "w") as log:
+        rows = bench_serving.serve_and_measure("kimi-linear", tmp_path, "replay-nvfp4", "no_buffer", args, log,
+                                               Deadline())
+    assert servers[-1].poll() is not None
+    assert [(r["concurrency"], r["load"], r.get("output_throughput")) for r in rows] == [(2, 1, 20.0), (4, 1, None)]
+    assert rows[1]["error"] == ("RuntimeError: the client ran past 0 s (what --deadline left of --load-timeout) at "
+                                "concurrency 4")
+    first = tmp_path / "first.json"
+    later = tmp_path / "later.json"
+    for path, run_rows in ((first, rows), (later, [dict({k: v for k, v in rows[1].items() if k != "error"}, output_throughput=40.0)])):
+        path.write_text(json.dumps(dict(model="kimi-linear", meta={}, config={}, args={}, rows=run_rows)))
+    # the failed load's row names its load, so a later run of that load replaces it
+    assert [(r["concurrency"], r["output_throughput"]) for r in bench_serving.merge([first, later])["rows"]] == [
+        (2, 20.0), (4, 40.0)]
+
+
 def test_server_rates_read_full_prefill_batches_and_full_decode_batches():
     import bench_serving
 

@@ -256,7 +256,8 @@ def _profile_load(client, args, concurrency, load, log_name, log_start, folder, 
     started = False
     while client.poll() is None:
         if time.time() - t0 > timeout:
-            raise RuntimeError(f"the client ran past {timeout:.0f} s at concurrency {concurrency}")
+            cut = " (what --deadline left of --load-timeout)" if timeout < args.load_timeout else ""
+            raise RuntimeError(f"the client ran past {timeout:.0f} s{cut} at concurrency {concurrency}")
         if profiling and not started:
             with open(log_name, "rb") as f:
                 f.seek(log_start)
@@ -294,7 +295,8 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                       deadline: check_server.Deadline, emit=lambda rows: None, overlap: bool = False) -> list[dict]:
     """Start ``variant``'s server (radix ``strategy``, SGLang's overlap scheduler on with ``overlap``),
     run the client at each concurrency, stop it; each load's row is passed to ``emit`` (with the rows
-    so far) as soon as it is measured. A load the deadline leaves no time for is recorded as not run."""
+    so far) as soon as it is measured. A load the deadline leaves no time for is recorded as not run; a
+    load that fails is recorded with its concurrency and load, so a later run of it replaces it in ``merge``."""
     family = models.FAMILIES[model]
     cmd = server_command(variant, model_dir, family, strategy, args, overlap)
     base = dict(model=model, variant=variant, radix=strategy, overlap=overlap, workload=args.workload,
@@ -312,6 +314,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
     t0 = time.time()
     print(f"{model} {variant} ({label}): starting", flush=True)
     proc = None
+    current: dict = {}                          # the load in progress, for its error row
     try:
         proc = check_server.launch(cmd, args.port, log, check_server.server_env(args))
         check_server.wait_ready(proc, args.port, deadline.left(args.start_timeout), log.name, server_start)
@@ -327,6 +330,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                 rows.append(dict(base, concurrency=c, load=load, error="not run: the deadline is less than 30 s away"))
                 emit(rows)
                 continue
+            current = dict(concurrency=c, load=load)
             log.write(f"\n===== {model} {variant} {label}: concurrency {c}, load {load}\n")
             log.flush()
             log_start = os.path.getsize(log.name)
@@ -351,7 +355,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                   f"{row.get('output_throughput', 0):.0f} tok/s, ITL median {row.get('median_itl_ms', 0):.2f} ms, "
                   f"TTFT median {row.get('median_ttft_ms', 0):.0f} ms ({time.time() - t1:.0f} s)", flush=True)
     except Exception as e:                      # noqa: BLE001 - recorded; the next variant runs
-        rows.append(dict(base, error=f"{type(e).__name__}: {e}"))
+        rows.append(dict(base, **current, error=f"{type(e).__name__}: {e}"))
         emit(rows)
         print(f"{model} {variant} ({label}): FAILED {rows[-1]['error']}", flush=True)
     finally:
