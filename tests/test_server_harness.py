@@ -846,6 +846,26 @@ def test_profile_summary_groups_kernels_and_counts_busy_time_once():
         profile_trace.summarize(dict(traceEvents=[]), steps=1)
 
 
+def test_profile_regroup_moves_top_kernels_to_the_group_their_name_has_now():
+    import profile_trace
+
+    # SGLang's Mamba-2 decode kernel; summaries written before its pattern counted it as "other"
+    assert profile_trace.group_of("_selective_scan_update_kernel") == "sglang ssm"
+    old = dict(per_step=dict(kernel_us=20.0, busy_us=19.0, span_us=21.0, launches=4.0),
+               groups={"other": dict(us=15.0, launches=2.0, share=0.75), "gemm": dict(us=5.0, launches=2.0,
+                                                                                   share=0.25)},
+               top=[dict(name="_selective_scan_update_kernel", group="other", us=14.0, launches=1.0),
+                    dict(name="nvjet_sm90_tst_128x64", group="gemm", us=5.0, launches=2.0),
+                    dict(name="some_kernel", group="other", us=1.0, launches=1.0)])
+    new = profile_trace.regroup(old)
+    assert new["groups"] == {"sglang ssm": dict(us=14.0, launches=1.0, share=0.7),
+                             "gemm": dict(us=5.0, launches=2.0, share=0.25),
+                             "other": dict(us=1.0, launches=1.0, share=0.05)}
+    assert [k["group"] for k in new["top"]] == ["sglang ssm", "gemm", "other"]
+    assert old["groups"]["other"]["us"] == 15.0 and old["top"][0]["group"] == "other"     # the input is kept
+    assert profile_trace.regroup(new) == new
+
+
 def test_profile_waits_for_a_decode_batch_of_every_request():
     import bench_serving
 
@@ -922,9 +942,11 @@ def test_profile_plot_draws_every_profiled_row_and_refuses_files_without_one(tmp
                                                                                          share=0.6)}, top=[])
     rows = [dict(model="m", variant="sglang", profile=prof), dict(model="m", variant="replay-nvfp4", profile=prof),
             dict(model="m", variant="replay-fp32", output_throughput=1.0)]
+    rows[1]["concurrency"] = 256
     path = tmp_path / "serving-m-run1.json"
     path.write_text(json.dumps(dict(model="m", rows=rows)))
-    assert [label for label, _ in profile_trace.profiled_rows([path])] == ["m\nrun1\nsglang", "m\nrun1\nreplay-nvfp4"]
+    assert [label for label, _ in profile_trace.profiled_rows([path])] == ["m\nrun1\nsglang",
+                                                                                 "m\nrun1\nreplay-nvfp4, 256 running"]
     assert profile_trace.main([str(path), "--plot", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     bare = tmp_path / "serving-m.json"

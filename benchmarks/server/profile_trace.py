@@ -24,7 +24,7 @@ import re
 # (group, pattern on the kernel name), first match wins
 GROUPS = [
     ("replayssm", re.compile(r"^_(delta|mamba2)_|_refresh_read_copy|_store_checkpoint|^_(advance|commit|copy_slots)_")),
-    ("sglang ssm", re.compile(r"recurrent|replayssm|gated_delta|kda|selective_state|ssd_|chunk_|mamba")),
+    ("sglang ssm", re.compile(r"recurrent|replayssm|gated_delta|kda|selective_(state|scan)|ssd_|chunk_|mamba")),
     ("conv1d", re.compile(r"conv1d|causal_conv")),
     ("attention", re.compile(r"attn|attention|flash|_fwd_kernel|decode_kernel|mla")),
     ("gemm", re.compile(r"gemm|xmma|cutlass|nvjet|cublas|matmul|sm90_|wgmma")),
@@ -88,16 +88,37 @@ def summarize(trace: dict, steps: int, top: int = 30) -> dict:
              for n, (t, c) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]])
 
 
+def regroup(profile: dict) -> dict:
+    """``profile`` (a ``summarize`` result) with its ``top`` kernels moved to the group ``GROUPS`` gives
+    them now, for summaries written before a pattern changed; kernels past ``top`` keep their group."""
+    groups = {g: dict(v) for g, v in profile["groups"].items()}
+    top = []
+    for k in profile["top"]:
+        now = group_of(k["name"])
+        if now != k["group"]:
+            for g, sign in ((k["group"], -1.0), (now, 1.0)):
+                slot = groups.setdefault(g, dict(us=0.0, launches=0.0, share=0.0))
+                slot["us"] += sign * k["us"]
+                slot["launches"] += sign * k["launches"]
+        top.append(dict(k, group=now))
+    kernel_us = profile["per_step"]["kernel_us"]
+    groups = {g: dict(v, share=v["us"] / kernel_us) for g, v in sorted(groups.items(), key=lambda kv: -kv[1]["us"])
+              if v["launches"] > 1e-9}
+    return dict(profile, groups=groups, top=top)
+
+
 def profiled_rows(paths: list[pathlib.Path]) -> list[tuple[str, dict]]:
     """``(label, row)`` for every row with a ``profile`` in these ``serving-<model>[-<run>].json`` files
-    (label: the model, the run from the file's name, the variant)."""
+    (label: the model, the run from the file's name, the variant and the concurrency), the profile
+    regrouped (``regroup``)."""
     found = []
     for path in paths:
         data = json.loads(path.read_text())
         run = path.stem.removeprefix(f"serving-{data['model']}").strip("-")
         for r in data["rows"]:
             if "profile" in r:
-                found.append((f"{r['model']}\n{run}\n{r['variant']}", r))
+                at = f", {r['concurrency']} running" if "concurrency" in r else ""
+                found.append((f"{r['model']}\n{run}\n{r['variant']}{at}", dict(r, profile=regroup(r["profile"]))))
     if not found:
         raise ValueError(f"paths: no profiled row in {[str(p) for p in paths]} (run bench_serving with --profile-steps)")
     return found
@@ -125,7 +146,7 @@ def plot(paths: list[pathlib.Path], out: pathlib.Path) -> None:
             label="step span (wall)")
     ax.set_xticks(list(x), [label for label, _ in rows], fontsize=6)
     ax.set_ylabel("ms per decode step")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
