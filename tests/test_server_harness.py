@@ -945,8 +945,8 @@ def test_profile_plot_draws_every_profiled_row_and_refuses_files_without_one(tmp
     rows[1]["concurrency"] = 256
     path = tmp_path / "serving-m-run1.json"
     path.write_text(json.dumps(dict(model="m", rows=rows)))
-    assert [label for label, _ in profile_trace.profiled_rows([path])] == ["m\nrun1\nsglang",
-                                                                                 "m\nrun1\nreplay-nvfp4, 256 running"]
+    labels = [label for label, _ in profile_trace.profiled_rows([path])]
+    assert labels == ["m\nrun1\nsglang", "m\nrun1\nreplay-nvfp4, 256 running"]
     assert profile_trace.main([str(path), "--plot", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     bare = tmp_path / "serving-m.json"
