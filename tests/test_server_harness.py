@@ -557,19 +557,35 @@ time.sleep(120)
         os.killpg(server_pid, 0)
 
 
-def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path, monkeypatch):
+def serving_args(**overrides):
+    """``bench_serving`` arguments for a serve_and_measure test on fake servers and clients."""
     import bench_serving
 
-    args = bench_serving.argparse.Namespace(
+    return bench_serving.argparse.Namespace(**dict(
         port=1, concurrency=[1, 4], input_len=8, output_len=4, workload="decode", no_prefill_graph=False,
         mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=5, weights="sglang-dummy",
-        speculative="none", repeat=2, server_log_level="warning", request_rate=None, profile_steps=0)
+        speculative="none", repeat=1, server_log_level="warning", request_rate=None, profile_steps=0) | overrides)
+
+
+def fake_servers(monkeypatch) -> list:
+    """Servers launched as sleeping processes in their own sessions, always ready; the list of them."""
     servers = []
     real_popen = subprocess.Popen
 
     def launch(cmd, port, log, env):
         servers.append(real_popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True))
         return servers[-1]
+
+    monkeypatch.setattr(check_server, "launch", launch)
+    monkeypatch.setattr(check_server, "wait_ready", lambda *a: None)
+    return servers
+
+
+def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path, monkeypatch):
+    import bench_serving
+
+    args = serving_args(repeat=2)
+    servers = fake_servers(monkeypatch)
 
     class Client:
         def __init__(self, cmd, **kw):
@@ -585,8 +601,6 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
         def poll(self):
             return self.returncode
 
-    monkeypatch.setattr(check_server, "launch", launch)
-    monkeypatch.setattr(check_server, "wait_ready", lambda *a: None)
     monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
     emitted = []
     with open(tmp_path / "log", "w") as log:
@@ -606,16 +620,8 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
 def test_serving_records_a_failed_loads_concurrency_and_says_when_the_deadline_cut_it(tmp_path, monkeypatch):
     import bench_serving
 
-    args = bench_serving.argparse.Namespace(
-        port=1, concurrency=[2, 4], input_len=8, output_len=4, workload="decode", no_prefill_graph=False,
-        mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=600, weights="sglang-dummy",
-        speculative="none", repeat=1, server_log_level="warning", request_rate=None, profile_steps=0)
-    servers = []
-    real_popen = subprocess.Popen
-
-    def launch(cmd, port, log, env):
-        servers.append(real_popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True))
-        return servers[-1]
+    args = serving_args(concurrency=[2, 4], load_timeout=600)
+    servers = fake_servers(monkeypatch)
 
     class Client:
         """Finishes its load at concurrency 2 and never ends the one at 4."""
@@ -642,8 +648,6 @@ def test_serving_records_a_failed_loads_concurrency_and_says_when_the_deadline_c
         def left(self, cap):
             return cap if cap in (30, 60, args.start_timeout) else 0.3
 
-    monkeypatch.setattr(check_server, "launch", launch)
-    monkeypatch.setattr(check_server, "wait_ready", lambda *a: None)
     monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
     with open(tmp_path / "log", "w") as log:
         rows = bench_serving.serve_and_measure("kimi-linear", tmp_path, "replay-nvfp4", "no_buffer", args, log,
@@ -652,9 +656,9 @@ def test_serving_records_a_failed_loads_concurrency_and_says_when_the_deadline_c
     assert [(r["concurrency"], r["load"], r.get("output_throughput")) for r in rows] == [(2, 1, 20.0), (4, 1, None)]
     assert rows[1]["error"] == ("RuntimeError: the client ran past 0 s (what --deadline left of --load-timeout) at "
                                 "concurrency 4")
-    first = tmp_path / "first.json"
-    later = tmp_path / "later.json"
-    for path, run_rows in ((first, rows), (later, [dict({k: v for k, v in rows[1].items() if k != "error"}, output_throughput=40.0)])):
+    rerun = dict({k: v for k, v in rows[1].items() if k != "error"}, output_throughput=40.0)
+    first, later = tmp_path / "first.json", tmp_path / "later.json"
+    for path, run_rows in ((first, rows), (later, [rerun])):
         path.write_text(json.dumps(dict(model="kimi-linear", meta={}, config={}, args={}, rows=run_rows)))
     # the failed load's row names its load, so a later run of that load replaces it
     assert [(r["concurrency"], r["output_throughput"]) for r in bench_serving.merge([first, later])["rows"]] == [
