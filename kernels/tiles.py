@@ -1,7 +1,8 @@
 """The tile table: hand-picked tiles of every step pass, by family and kind (no autotuning: these
 kernels mutate state). Chosen with ``benchmarks/sweep_tiles.py`` on an H200 at real dims
 (N = K = 128); the sweeps behind each entry, and the alternatives measured for it, are in
-``docs/kernel-design.md``. ``kernels/plan.py`` turns a step into launches with these tiles.
+``docs/kernel-design.md`` (the Mamba-2 flush pass's, timed alone, with
+``benchmarks/sweep_flush_pass.py``). ``kernels/plan.py`` turns a step into launches with these tiles.
 
 Families: ``"mamba2"``, ``"delta"`` (GDN) and ``"kda"``, whose entries override delta's.
 
