@@ -19,7 +19,7 @@ candidate (the candidates must agree):
   verify candidates);
 - flush (Mamba-2): the non-flush and the flush step behind an NVFP4 read copy, and their amortized
   step (the flush pass is launched at every step; on the checkpoint the decode step's flush is the
-  decode launch's fold: the decode kinds; this tile also serves the flush-only launch);
+  decode launch's fold: the decode kinds; the flush-only launch takes the verify_flush tile);
 - flush_replay (GDN / KDA): the same for the flush pass behind an NVFP4 read copy (the window
   replays);
 - verify_flush: a T = 8 verify whose rows all flush (8 + 8 entries) or half of them (row r holds
