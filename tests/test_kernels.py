@@ -605,14 +605,17 @@ def test_vk_read_copy_passes_match_kv_and_reference(dims, family, read_format, c
     assert rms_ratio(pools["vk"].ring["d"], pools["reference"].ring["d"]) < tol
 
 
-@pytest.mark.parametrize("family", ["gdn", "kda"])
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_a_register_cap_changes_no_bit(family, monkeypatch):
     """A tile's ``maxnreg`` (registers per thread) reaches the launch of its pass and changes no bit:
-    behind an NVFP4 read copy on a ``[S, HV, V, K]`` checkpoint, decodes with flush rows, verifies and
-    commits give the same outputs and buffers with every step tile capped at 168 registers as with
-    the tiles in use (on a GPU, at the model's dims: the capped kernels compile otherwise)."""
-    spec = MODEL_SPECS["qwen3.5" if family == "gdn" else "kimi-linear"] if CUDA else \
-        getattr(rs.LayerSpec, family)(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=20)
+    behind an NVFP4 read copy (GDN / KDA on a ``[S, HV, V, K]`` checkpoint), decodes with flush rows,
+    verifies and commits give the same outputs and buffers with every step tile capped at 168
+    registers as with the tiles in use stripped of their caps (on a GPU, at the model's dims: the
+    capped kernels compile otherwise)."""
+    real = {"mamba2": "nemotron-h", "gdn": "qwen3.5", "kda": "kimi-linear"}[family]
+    tiny = (rs.LayerSpec.mamba2(num_heads=4, head_dim=6, state_dim=32, num_groups=2) if family == "mamba2" else
+            getattr(rs.LayerSpec, family)(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=20))
+    spec = MODEL_SPECS[real] if CUDA else tiny
     cfg = rs.ReplayConfig(window=4, max_draft_tokens=2, read_format="nvfp4", seed=5)
     launched = []
     monkeypatch.setattr(plan, "_log_first", launched.append)
@@ -624,15 +627,19 @@ def test_a_register_cap_changes_no_bit(family, monkeypatch):
         steps.append((T, make_inputs(spec, params, 0, 3, T, gen, device=DEVICE),
                       torch.randint(1, (T or 1) + 1, (3,), generator=gen)))
     results = []
+    table = ops.TILES["kda" if family == "kda" else "delta" if family == "gdn" else "mamba2"]
     for cap in (None, 168):
-        table = ops.TILES["kda" if family == "kda" else "delta"]
         for kind in ("decode", "decode_vk", "read", "read_fp8", "verify", "verify_read", "flush", "flush_vk",
                      "flush_replay", "flush_replay_vk", "verify_flush", "verify_flush_vk"):
-            if cap is not None and kind in table:
-                monkeypatch.setitem(table, kind, dict(table[kind], maxnreg=cap))
-        storage = torch.zeros(1, 4, spec.num_v_heads, spec.head_v_dim, spec.head_k_dim, device=DEVICE)
-        pool = rs.StatePool(spec, cfg, num_layers=1, num_slots=4, device=DEVICE, backend="triton",
-                            checkpoint=storage, state_layout="vk")
+            if kind in table:
+                tile = {k: v for k, v in table[kind].items() if k != "maxnreg"}
+                monkeypatch.setitem(table, kind, tile if cap is None else dict(tile, maxnreg=cap))
+        if family == "mamba2":
+            pool = rs.StatePool(spec, cfg, num_layers=1, num_slots=4, device=DEVICE, backend="triton")
+        else:
+            storage = torch.zeros(1, 4, spec.num_v_heads, spec.head_v_dim, spec.head_k_dim, device=DEVICE)
+            pool = rs.StatePool(spec, cfg, num_layers=1, num_slots=4, device=DEVICE, backend="triton",
+                                checkpoint=storage, state_layout="vk")
         slots = pool.alloc(3)
         launched.clear()
         ys = []
