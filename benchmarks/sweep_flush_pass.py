@@ -62,12 +62,6 @@ def step_launches(layer: Layer, staggered: bool) -> list:
     return captured
 
 
-def run_launch(lc):
-    """Run one launch; returns Triton's compiled kernel."""
-    grid = tuple(lc.n if d == "n" else d for d in lc.grid)
-    return lc.kernel[grid](**lc.kwargs(), **lc.options(), **lc.constexprs)
-
-
 def candidates() -> list[dict]:
     in_use = dict(TILES["mamba2"]["flush"])
     out = [in_use]
@@ -100,11 +94,11 @@ def main():
                 for name, staggered in (("stag", True), ("all", False)):
                     plan = step_launches(layer, staggered)
                     flush = next(lc for lc in plan if lc.flush_pass)
-                    kernel = run_launch(flush)
-                    row[name + "_flush_us"] = round(timed(lambda: run_launch(flush)), 2)
+                    kernel = flush.run()
+                    row[name + "_flush_us"] = round(timed(flush.run), 2)
                     if staggered:
                         rest = next(lc for lc in plan if not lc.flush_pass)
-                        row["stag_decode_us"] = round(timed(lambda: run_launch(rest)), 2)
+                        row["stag_decode_us"] = round(timed(rest.run), 2)
                         row.update(regs=kernel.n_regs, spills=kernel.n_spills, smem=kernel.metadata.shared)
             except Exception as e:  # a candidate that does not compile is reported, not fatal
                 row["error"] = repr(e)[:300]

@@ -145,6 +145,11 @@ class Launch:
         """The runtime arguments by parameter name."""
         return dict(zip(runtime_parameters(self.kernel, self.constexprs), self.args))
 
+    def run(self):
+        """Launch the kernel on its grid (``"n"``: the step's rows); returns Triton's compiled kernel."""
+        grid = tuple(self.n if d == "n" else d for d in self.grid)
+        return self.kernel[grid](**self.kwargs(), **self.options(), **self.constexprs)
+
 
 def runtime_parameters(kernel, constexprs: dict) -> list[str]:
     """A Triton kernel's parameters that are not ``constexprs``, in its order."""
@@ -155,8 +160,7 @@ def launch(plan: list[Launch]) -> None:
     """Run launches in order (first launch of each variant is logged)."""
     for lc in plan:
         _log_first((lc.op, tuple(sorted(lc.constexprs.items())), lc.maxnreg))
-        grid = tuple(lc.n if d == "n" else d for d in lc.grid)
-        lc.kernel[grid](**lc.kwargs(), **lc.options(), **lc.constexprs)
+        lc.run()
 
 
 def _log_first(key) -> None:
