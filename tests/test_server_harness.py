@@ -568,7 +568,8 @@ def serving_args(**overrides):
 
 
 def fake_servers(monkeypatch) -> list:
-    """Servers launched as sleeping processes in their own sessions, always ready; the list of them."""
+    """Servers launched as sleeping processes (``start_new_session``: each leads its own process group),
+    always ready; the list of them."""
     servers = []
     real_popen = subprocess.Popen
 
