@@ -564,7 +564,8 @@ def serving_args(**overrides):
     return bench_serving.argparse.Namespace(**dict(
         port=1, concurrency=[1, 4], input_len=8, output_len=4, workload="decode", no_prefill_graph=False,
         mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=5, weights="sglang-dummy",
-        speculative="none", repeat=1, server_log_level="warning", request_rate=None, profile_steps=0) | overrides)
+        speculative="none", repeat=1, server_log_level="warning", request_rate=None, profile_steps=0,
+        profile_prefill=0) | overrides)
 
 
 def fake_servers(monkeypatch) -> list:
@@ -883,7 +884,7 @@ def test_profile_waits_for_a_decode_batch_of_every_request():
 def test_profiled_load_starts_the_profile_once_every_request_runs(tmp_path, monkeypatch):
     import bench_serving
 
-    args = bench_serving.argparse.Namespace(profile_steps=2, concurrency=[1, 4], port=1)
+    args = bench_serving.argparse.Namespace(profile_steps=2, profile_prefill=0, concurrency=[1, 4], port=1)
     log = tmp_path / "log"
     log.write_text("Decode batch, #running-req: 4, #full token: 9, gen throughput (token/s): 1.0, x\n")
     start = log.stat().st_size
@@ -916,10 +917,77 @@ def test_profiled_load_starts_the_profile_once_every_request_runs(tmp_path, monk
     client = Client()
     got = bench_serving.profile_load(client, args, 4, 1, str(log), start, tmp_path / "prof", 60)
     assert len(asked) == 1 and asked[0]["num_steps"] == 2 and asked[0]["activities"] == ["GPU"]
-    assert client.polls >= 5 and got["per_step"]["kernel_us"] == 2.0
+    assert client.polls >= 5 and list(got) == ["decode"] and got["decode"]["per_step"]["kernel_us"] == 2.0
     # not the largest concurrency, or a later load: no profile
-    assert bench_serving.profile_load(Client(), args, 1, 1, str(log), start, tmp_path / "p2", 60) is None
-    assert bench_serving.profile_load(Client(), args, 4, 2, str(log), start, tmp_path / "p3", 60) is None
+    assert bench_serving.profile_load(Client(), args, 1, 1, str(log), start, tmp_path / "p2", 60) == {}
+    assert bench_serving.profile_load(Client(), args, 4, 2, str(log), start, tmp_path / "p3", 60) == {}
+
+
+def test_a_prefill_profile_starts_behind_a_queue_and_the_decode_profile_after_it(tmp_path, monkeypatch):
+    """--profile-prefill waits for a prefill batch with half the load still queued, --profile-steps then
+    for every request running, and each phase's trace is summarized over its own steps."""
+    import bench_serving
+
+    args = bench_serving.argparse.Namespace(profile_steps=4, profile_prefill=2, concurrency=[8], port=1)
+    log = tmp_path / "log"
+    log.write_text("")
+    asked = []
+    lines = {2: "Prefill batch, #new-seq: 2, #new-token: 8, #queue-req: 3, input throughput (token/s): 1.0\n",
+             4: "Prefill batch, #new-seq: 2, #new-token: 8, #queue-req: 4, input throughput (token/s): 1.0\n",
+             9: "Decode batch, #running-req: 8, gen throughput (token/s): 1.0\n"}
+
+    class Client:
+        polls = 0
+        returncode = None
+
+        def poll(self):
+            self.polls += 1
+            if self.polls in lines:
+                log.write_text(log.read_text() + lines[self.polls])
+            if self.polls == 14:
+                self.returncode = 0
+            return self.returncode
+
+    def start_profile(port, request):
+        asked.append((client.polls, request["profile_id"], request["num_steps"]))
+        folder = pathlib.Path(request["output_dir"])
+        folder.mkdir(parents=True)
+        name = "_mamba2_flush_kernel" if request["profile_id"] == "prefill" else "_mamba2_decode_kernel"
+        (folder / "x-TP-0.trace.json").write_text(json.dumps(dict(traceEvents=[
+            dict(cat="kernel", name=name, ts=0.0, dur=8.0)])))
+        log.write_text(log.read_text() + "Profiling done. Traces are saved to: prof\n")
+
+    monkeypatch.setattr(bench_serving, "start_profile", start_profile)
+    monkeypatch.setattr(bench_serving.time, "sleep", lambda s: None)
+    client = Client()
+    got = bench_serving.profile_load(client, args, 8, 1, str(log), 0, tmp_path / "prof", 60)
+    # 3 of 8 queued is not half; 4 is; the decode profile waits for 8 running
+    assert [(phase, n) for _, phase, n in asked] == [("prefill", 2), ("decode", 4)]
+    assert asked[0][0] == 4 and asked[1][0] == 9
+    assert got["prefill"]["per_step"]["kernel_us"] == 4.0 and got["decode"]["per_step"]["kernel_us"] == 2.0
+    assert got["prefill"]["top"][0]["name"] == "_mamba2_flush_kernel"
+    # a load whose prefill never queues half its requests: the prefill profile is reported missing
+    log.write_text("")
+    lines.pop(4)
+    with pytest.raises(RuntimeError, match="--profile-prefill: the server logged no prefill batch with at least 4"):
+        bench_serving.profile_load(Client(), args, 8, 1, str(log), 0, tmp_path / "prof2", 60)
+
+
+def test_server_rates_leave_out_a_profiled_prefill_stretch():
+    import bench_serving
+
+    line = "Prefill batch, #new-seq: 16, #new-token: 8192, #queue-req: {q}, input throughput (token/s): {x}\n"
+    dec = "Decode batch, #running-req: 8, gen throughput (token/s): {x}\n"
+    log = (line.format(q=100, x=20000.0)
+           + "Profiling starts. Traces will be saved to: /tmp/p (with profile id: prefill)\n"
+           + line.format(q=84, x=9000.0) + "Profiling done. x\n" + line.format(q=68, x=12000.0)
+           + line.format(q=52, x=26000.0) + line.format(q=36, x=27000.0)
+           + dec.format(x=1.0) + dec.format(x=700.0) + dec.format(x=800.0)
+           + "Profiling starts. Traces will be saved to: /tmp/p (with profile id: decode)\n" + dec.format(x=5.0)
+           + "Profiling done. x\n" + line.format(q=0, x=1000.0) + dec.format(x=50.0) + dec.format(x=900.0))
+    # the profiled prefill batch and the prefill line after it are left out, and everything from the decode
+    # profile's start through the decode line after it: prefill 20000, 26000, 27000; decode 700, 800, 900
+    assert bench_serving.server_rates(log, 8) == {"prefill_tokens_per_s": 26000.0, "decode_tokens_per_s": 800.0}
 
 
 def test_run_meta_marks_a_tree_whose_files_differ_from_its_commit(tmp_path):
@@ -963,7 +1031,7 @@ def test_profile_plot_draws_every_profiled_row_and_refuses_files_without_one(tmp
 def test_a_failed_profile_ends_the_loads_client(tmp_path, monkeypatch):
     import bench_serving
 
-    args = bench_serving.argparse.Namespace(profile_steps=2, concurrency=[4], port=1)
+    args = bench_serving.argparse.Namespace(profile_steps=2, profile_prefill=0, concurrency=[4], port=1)
     log = tmp_path / "log"
     log.write_text("Decode batch, #running-req: 4, gen throughput (token/s): 1.0\n")
 

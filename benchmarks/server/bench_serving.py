@@ -43,8 +43,11 @@ skipped, and a server that fails is recorded with its error.
 
 ``--profile-steps N`` (with ``--server-log-level info``) profiles N decode steps of the first load at the
 largest concurrency once all its requests run (SGLang's ``/start_profile``, GPU kernels only) and adds
-to its row the kernels' time per step by group (``profile_trace.py``); the profiler's own cost falls
-on that load's figures.
+to its row the kernels' time per step by group (``profile_trace.py``); ``--profile-prefill N`` profiles N
+prefill batches of that load the same way (``profile_prefill`` in its row), started once the server
+logs a prefill batch with at least half the load's requests still queued, so that more full batches
+follow. The profiler's own cost falls on that load's figures; the server's rates leave out the
+profiled batches.
 
 ``--table JSON...`` prints the rows as markdown with their ratios to SGLang's and SGLang's replay's;
 ``--merge JSON... --merged FILE`` joins several runs of one model into one file (each row keeps its
@@ -166,8 +169,11 @@ def client_command(port: int, model_dir: pathlib.Path, concurrency: int, out_fil
 
 _PREFILL = re.compile(r"Prefill batch, .*#new-token: (\d+),.* input throughput \(token/s\): ([\d.]+)")
 _DECODE = re.compile(r"Decode batch, #running-req: (\d+),.* gen throughput \(token/s\): ([\d.]+)")
-# a profiled stretch: from "Profiling starts" through the first decode line after "Profiling done" (its
-# interval held profiled steps)
+_QUEUED = re.compile(r"Prefill batch, .*#queue-req: (\d+),")
+# a profiled stretch: from "Profiling starts" through the first batch line of the profiled kind after "Profiling
+# done" (its interval held profiled steps); a prefill profile names its profile id ("prefill") in its first line
+_PROFILED_PREFILL = re.compile(r"Profiling starts[^\n]*profile id: prefill\).*?Profiling done[^\n]*\n(?:[^\n]*\n)*?"
+                               r"[^\n]*Prefill batch[^\n]*(?:\n|$)", re.S)
 _PROFILED = re.compile(r"Profiling starts.*?Profiling done[^\n]*\n(?:[^\n]*\n)*?[^\n]*Decode batch[^\n]*(?:\n|$)", re.S)
 
 
@@ -176,10 +182,10 @@ def server_rates(log_text: str, concurrency: int) -> dict:
     ``prefill_tokens_per_s``, the median "input throughput" of the load's full prefill batches (those
     of the most new tokens), and ``decode_tokens_per_s``, the median "gen throughput" of its decode
     batches with all ``concurrency`` requests running but the first (whose interval reaches back into the
-    prefill). Lines logged while SGLang's profiler ran (and the first
-    decode line after it, whose interval held profiled steps) are left out, as is a rate with no line."""
+    prefill). Lines logged while SGLang's profiler ran (and the first line of the profiled batches' kind
+    after it, whose interval held profiled steps) are left out, as is a rate with no line."""
     rates = {}
-    log_text = _PROFILED.sub("", log_text)
+    log_text = _PROFILED.sub("", _PROFILED_PREFILL.sub("", log_text))
     prefill = [(int(n), float(x)) for n, x in _PREFILL.findall(log_text)]
     if prefill:
         full = max(n for n, _ in prefill)
@@ -226,6 +232,12 @@ def running_decode(log_text: str, concurrency: int) -> bool:
     return any(int(r) == concurrency for r, _ in _DECODE.findall(log_text))
 
 
+def queued_prefill(log_text: str, concurrency: int) -> bool:
+    """Whether the server has logged a prefill batch with at least half of ``concurrency`` requests still
+    queued (more full prefill batches follow it)."""
+    return any(2 * int(q) >= concurrency for q in _QUEUED.findall(log_text))
+
+
 def start_profile(port: int, request: dict) -> None:
     """SGLang's ``POST /start_profile`` (its ``ProfileReq`` fields); RuntimeError unless it answers 200."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}/start_profile", data=json.dumps(request).encode(),
@@ -236,11 +248,13 @@ def start_profile(port: int, request: dict) -> None:
 
 
 def profile_load(client: subprocess.Popen, args, concurrency: int, load: int, log_name: str, log_start: int,
-                 folder: pathlib.Path, timeout: float) -> dict | None:
-    """Wait for the load's ``client``; with ``--profile-steps N``, during the first load at the largest
-    concurrency, profile N decode steps with all requests running: once the server logs such a decode
-    batch (``--server-log-level info``), ``POST /start_profile`` (GPU kernels only, stopped by the
-    server after N steps) and return the trace's ``profile_trace.summarize`` (None otherwise)."""
+                 folder: pathlib.Path, timeout: float) -> dict:
+    """Wait for the load's ``client``; during the first load at the largest concurrency, profile its
+    prefill (``--profile-prefill N``: N prefill batches, once ``queued_prefill``), then its decode
+    (``--profile-steps N``: N decode steps, once all requests run, ``running_decode``): each a
+    ``POST /start_profile`` (GPU kernels only, stopped by the server after N steps) once the server's
+    log (``--server-log-level info``) shows its batches. Returns ``{"prefill": ..., "decode": ...}``:
+    each profiled phase's ``profile_trace.summarize`` (empty when nothing was profiled)."""
     try:
         return _profile_load(client, args, concurrency, load, log_name, log_start, folder, timeout)
     except BaseException:
@@ -250,36 +264,54 @@ def profile_load(client: subprocess.Popen, args, concurrency: int, load: int, lo
         raise
 
 
+_PHASE_FLAG = {"prefill": "--profile-prefill", "decode": "--profile-steps"}
+
+
 def _profile_load(client, args, concurrency, load, log_name, log_start, folder, timeout):
-    profiling = args.profile_steps > 0 and concurrency == max(args.concurrency) and load == 1
+    first = concurrency == max(args.concurrency) and load == 1
+    steps = {"prefill": args.profile_prefill, "decode": args.profile_steps}
+    ready = {"prefill": queued_prefill, "decode": running_decode}
+    pending = [phase for phase in ("prefill", "decode") if first and steps[phase] > 0]
+    results: dict[str, dict] = {}
+    active, done_before = None, 0
+
+    def log_text() -> str:
+        with open(log_name, "rb") as f:
+            f.seek(log_start)
+            return f.read().decode(errors="replace")
+
+    def finished(text: str) -> dict | None:
+        traces = sorted((folder / active).glob("*.trace.json*"))
+        if text.count("Profiling done") > done_before and traces:
+            return profile_trace.summarize(profile_trace.load(traces[0]), steps[active])
+        return None
+
     t0 = time.time()
-    started = False
     while client.poll() is None:
         if time.time() - t0 > timeout:
             cut = " (what --deadline left of --load-timeout)" if timeout < args.load_timeout else ""
             raise RuntimeError(f"the client ran past {timeout:.0f} s{cut} at concurrency {concurrency}")
-        if profiling and not started:
-            with open(log_name, "rb") as f:
-                f.seek(log_start)
-                if running_decode(f.read().decode(errors="replace"), concurrency):
-                    start_profile(args.port, dict(output_dir=str(folder), num_steps=args.profile_steps,
-                                                  activities=["GPU"], with_stack=False, record_shapes=False,
-                                                  profile_id="decode"))
-                    started = True
+        if active is not None:
+            if (summary := finished(log_text())) is not None:
+                results[active], active = summary, None
+        elif pending and ready[pending[0]](text := log_text(), concurrency):
+            active, done_before = pending.pop(0), text.count("Profiling done")
+            start_profile(args.port, dict(output_dir=str(folder / active), num_steps=steps[active],
+                                          activities=["GPU"], with_stack=False, record_shapes=False,
+                                          profile_id=active))
         time.sleep(0.2)
-    if not profiling:
-        return None
-    if not started:
-        raise RuntimeError(f"--profile-steps: the server logged no decode batch of {concurrency} running requests")
-    for _ in range(300):                        # the server logs "Profiling done" once the trace is written
-        with open(log_name, "rb") as f:
-            f.seek(log_start)
-            done = b"Profiling done" in f.read()
-        traces = sorted(folder.glob("*.trace.json*"))
-        if done and traces:
-            return profile_trace.summarize(profile_trace.load(traces[0]), args.profile_steps)
+    for _ in range(300 if active is not None else 0):   # "Profiling done" is logged once the trace is written
+        if (summary := finished(log_text())) is not None:
+            results[active], active = summary, None
+            break
         time.sleep(0.2)
-    raise RuntimeError(f"--profile-steps: no finished trace in {folder} 60 s after the load")
+    if active is not None:
+        raise RuntimeError(f"{_PHASE_FLAG[active]}: no finished trace in {folder / active} 60 s after the load")
+    if pending:
+        what = {"prefill": f"prefill batch with at least {(concurrency + 1) // 2} requests queued",
+                "decode": f"decode batch of {concurrency} running requests"}[pending[0]]
+        raise RuntimeError(f"{_PHASE_FLAG[pending[0]]}: the server logged no {what}")
+    return results
 
 
 def row_from(out_file: pathlib.Path) -> dict:
@@ -344,8 +376,10 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                 if client.returncode != 0 or not out_file.exists():
                     raise RuntimeError(f"the client exited with {client.returncode} at concurrency {c}")
                 row = dict(base, concurrency=c, load=load, **row_from(out_file))
-                if profiled is not None:
-                    row["profile"] = profiled
+                if "decode" in profiled:
+                    row["profile"] = profiled["decode"]
+                if "prefill" in profiled:
+                    row["profile_prefill"] = profiled["prefill"]
             with open(log.name, "rb") as f:
                 f.seek(log_start)
                 row |= server_rates(f.read().decode(errors="replace"), c)
@@ -525,6 +559,10 @@ def main(argv: list[str] | None = None) -> int:
                          "requests running (needs --server-log-level info); the row carries the kernels' time per "
                          "step by group (profile_trace.py). A multiple of the replay window (32) profiles the same "
                          "number of flush steps in every variant")
+    ap.add_argument("--profile-prefill", type=int, default=0,
+                    help="profile this many prefill batches of the first load at the largest concurrency, once at "
+                         "least half its requests wait behind a logged prefill batch (needs --server-log-level info); "
+                         "the row's profile_prefill carries the kernels' time per batch by group")
     ap.add_argument("--draft-tokens", type=int, default=4, help="tokens per verify, the bonus token included")
     ap.add_argument("--groups", type=int, default=8, help="prefix workload: distinct shared prefixes")
     ap.add_argument("--prompts-per-group", type=int, default=32)
@@ -568,6 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile_steps < 0 or args.profile_steps and args.server_log_level == "warning":
         ap.error(f"--profile-steps: expected a positive count with --server-log-level info (the decode batches the "
                  f"profile waits for are logged at info), got {args.profile_steps} at {args.server_log_level}")
+    if args.profile_prefill < 0 or args.profile_prefill and args.server_log_level == "warning":
+        ap.error(f"--profile-prefill: expected a positive count with --server-log-level info (the prefill batches the "
+                 f"profile waits for are logged at info), got {args.profile_prefill} at {args.server_log_level}")
     if min(args.concurrency) < 1:
         ap.error(f"--concurrency: expected positive counts, got {args.concurrency}")
     caps = {}
