@@ -116,3 +116,23 @@ def test_extend_track_leaves_track_slots_with_empty_rings(server_args, replay_on
     assert run.state_error(track) < TOL["float32"]
     _decoded(run, torch.cat([track, slot]), 4)
     assert run.state_error(torch.cat([track, slot])) < TOL["float32"]
+
+
+def test_extend_track_slots_read_no_device_value():
+    """The slots the extend track refreshes are found without reading a device value: on the meta
+    device (tensors without data, where a value read such as a deduplication raises) they come out
+    as SGLang's parts in order, int64, so an extend under extra_buffer adds no host synchronization
+    per layer."""
+    from replayssm.integrations.sglang import pool
+
+    def part(n, dtype=torch.int64):
+        return torch.empty(n, dtype=dtype, device="meta")
+
+    meta = SimpleNamespace(has_mamba_track_mask=True, track_ssm_h_dst=part(3, torch.int32),
+                           track_ssm_recompute_dst=part(2), track_ssm_final_dst=part(4))
+    got = pool.track_extend_slots(meta)
+    assert got.device.type == "meta" and got.dtype == torch.int64 and got.shape == (9,)
+    values = SimpleNamespace(has_mamba_track_mask=True, track_ssm_h_dst=torch.tensor([7, 3], dtype=torch.int32),
+                             track_ssm_final_dst=torch.tensor([5]))         # 0.5.17: no recompute part
+    assert pool.track_extend_slots(values).tolist() == [7, 3, 5]
+    assert pool.track_extend_slots(SimpleNamespace(has_mamba_track_mask=False)) is None

@@ -433,11 +433,18 @@ def _track_owner(ssm_states: torch.Tensor):
 
 def track_extend_slots(forward_metadata) -> torch.Tensor | None:
     """The track slots (int64 ``[n]``, distinct) SGLang's extend track (``_track_mamba_state_extend``)
-    wrote from the prefill's chunk states, or None without a track mask."""
+    wrote from the prefill's chunk states, or None without a track mask.
+
+    SGLang splits the track slots of the masked requests (one per request) into the chunk-aligned
+    ones (``track_ssm_final_dst``), those read from the chunk states ``h`` (``track_ssm_h_dst``) and,
+    from 0.5.23, those it recomputes (``track_ssm_recompute_dst``): disjoint parts of distinct
+    slots, so their concatenation is distinct as it stands. Nothing is read on the host (a
+    deduplication on the device would synchronize the host with the device at every layer of
+    every extend)."""
     if not forward_metadata.has_mamba_track_mask:
         return None
     # 0.5.17's metadata has no recompute destinations
     written = [d.reshape(-1).to(torch.int64) for d in (forward_metadata.track_ssm_h_dst,
                                                         getattr(forward_metadata, "track_ssm_recompute_dst", None),
                                                         forward_metadata.track_ssm_final_dst) if d is not None]
-    return torch.cat(written).unique()
+    return torch.cat(written)
