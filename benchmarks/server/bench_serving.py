@@ -264,14 +264,19 @@ def profile_load(client: subprocess.Popen, args, concurrency: int, load: int, lo
         raise
 
 
-_PHASE_FLAG = {"prefill": "--profile-prefill", "decode": "--profile-steps"}
+# each profiled phase: its flag, the argument holding its step count, when it may start (on the load's log and
+# concurrency), and what it waits for
+_PHASES = {
+    "prefill": ("--profile-prefill", "profile_prefill", queued_prefill,
+                lambda c: f"prefill batch with at least {(c + 1) // 2} requests queued"),
+    "decode": ("--profile-steps", "profile_steps", running_decode, lambda c: f"decode batch of {c} running requests"),
+}
 
 
 def _profile_load(client, args, concurrency, load, log_name, log_start, folder, timeout):
     first = concurrency == max(args.concurrency) and load == 1
-    steps = {"prefill": args.profile_prefill, "decode": args.profile_steps}
-    ready = {"prefill": queued_prefill, "decode": running_decode}
-    pending = [phase for phase in ("prefill", "decode") if first and steps[phase] > 0]
+    steps = {phase: getattr(args, attr) for phase, (_, attr, _, _) in _PHASES.items()}
+    pending = [phase for phase in _PHASES if first and steps[phase] > 0]
     results: dict[str, dict] = {}
     active, done_before = None, 0
 
@@ -294,7 +299,7 @@ def _profile_load(client, args, concurrency, load, log_name, log_start, folder, 
         if active is not None:
             if (summary := finished(log_text())) is not None:
                 results[active], active = summary, None
-        elif pending and ready[pending[0]](text := log_text(), concurrency):
+        elif pending and _PHASES[pending[0]][2](text := log_text(), concurrency):
             active, done_before = pending.pop(0), text.count("Profiling done")
             start_profile(args.port, dict(output_dir=str(folder / active), num_steps=steps[active],
                                           activities=["GPU"], with_stack=False, record_shapes=False,
@@ -306,11 +311,10 @@ def _profile_load(client, args, concurrency, load, log_name, log_start, folder, 
             break
         time.sleep(0.2)
     if active is not None:
-        raise RuntimeError(f"{_PHASE_FLAG[active]}: no finished trace in {folder / active} 60 s after the load")
+        raise RuntimeError(f"{_PHASES[active][0]}: no finished trace in {folder / active} 60 s after the load")
     if pending:
-        what = {"prefill": f"prefill batch with at least {(concurrency + 1) // 2} requests queued",
-                "decode": f"decode batch of {concurrency} running requests"}[pending[0]]
-        raise RuntimeError(f"{_PHASE_FLAG[pending[0]]}: the server logged no {what}")
+        flag, _, _, waits_for = _PHASES[pending[0]]
+        raise RuntimeError(f"{flag}: the server logged no {waits_for(concurrency)}")
     return results
 
 
