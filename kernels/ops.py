@@ -37,7 +37,7 @@ from replayssm.kernels.gating.triton import _delta_gating_kernel
 from replayssm.kernels.mamba2.triton import _mamba2_decode_kernel, _mamba2_flush_kernel, _mamba2_verify_kernel
 from replayssm.kernels.plan import Launch, launch, passes
 from replayssm.kernels.ring import triton as ring_triton
-from replayssm.kernels.tiles import TILES  # ops.TILES: the table sweeps and tests patch
+from replayssm.kernels.tiles import REFRESH_TILES, TILES  # the tables sweeps and tests patch
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,6 +98,14 @@ def _read_consts(read_format: int, cols: int) -> dict:
     """Read-copy code width and element max as kernel constants."""
     fp8 = read_format == ReadCode.FP8
     return dict(ROW_CODE_BYTES=cols if fp8 else cols // 2, CODE_MAX=448.0 if fp8 else 6.0)
+
+
+def _cols_contiguous(t: torch.Tensor, is_delta: bool) -> bool:
+    """Whether the read copy's columns (``a`` = K of a delta ``[.., K, V]`` tensor, ``b`` = N of a
+    Mamba-2 ``[.., P, N]`` one) are contiguous in ``t``: a tile loaded from it then lies along the
+    columns, and the encode takes the rows' maxima from the block maxima (``store_read_copy``'s
+    ``ROWS_FROM_BLOCKS``), so that the block-scale arithmetic is not repeated in every lane of a row."""
+    return t.stride(-2 if is_delta else -1) == 1
 
 
 def _read_buffers(read_codes, read_block_scale, read_row_scale, ref: torch.Tensor, read_format: int):
@@ -304,7 +312,8 @@ def store_checkpoint(state: torch.Tensor, slots: torch.Tensor, checkpoint: torch
         state=state, **_strides(state, "s_r", "s_h", "s_a", "s_b"), slots=slots, ckpt=checkpoint,
         **_strides(checkpoint, "c_s", "c_h", "c_a", "c_b"), codes=codes, block_scale=bs, row_scale=rs, epoch=epoch,
         sr_base=sr_base, HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR, IS_DELTA=is_delta, CKPT_FMT=checkpoint_format,
-        READ_FMT=read_format, num_warps=4, **_read_consts(read_format, cols_n))
+        READ_FMT=read_format, ROWS_FROM_BLOCKS=_cols_contiguous(state, is_delta), num_warps=4,
+        **_read_consts(read_format, cols_n))
 
 
 @torch.library.custom_op("replayssm::refresh_read_copy", mutates_args=("read_codes", "read_block_scale",
@@ -323,11 +332,14 @@ def refresh_read_copy(checkpoint: torch.Tensor, slots: torch.Tensor, read_codes:
     codes, bs, rs = _read_buffers(read_codes, read_block_scale, read_row_scale, checkpoint, read_format)
     if slots.shape[0] == 0:
         return
-    BR = min(32, max(16, triton.next_power_of_2(rows_n)))
+    along_cols = _cols_contiguous(checkpoint, is_delta)
+    tile = REFRESH_TILES["cols" if along_cols else "rows"]
+    BR = min(tile["rows"], max(16, triton.next_power_of_2(rows_n)))
     _refresh_read_copy_kernel[(triton.cdiv(rows_n, BR), heads, slots.shape[0])](
         ckpt=checkpoint, **_strides(checkpoint, "c_s", "c_h", "c_a", "c_b"), slots=slots, codes=codes,
-        block_scale=bs, row_scale=rs, num_slots=checkpoint.shape[0], HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR, IS_DELTA=is_delta,
-        READ_FMT=read_format, num_warps=4, **_read_consts(read_format, cols_n))
+        block_scale=bs, row_scale=rs, num_slots=checkpoint.shape[0], HEADS=heads, ROWS=rows_n, COLS=cols_n, BR=BR,
+        IS_DELTA=is_delta, READ_FMT=read_format, ROWS_FROM_BLOCKS=tile.get("rows_from_blocks", along_cols),
+        num_warps=tile["num_warps"], **_read_consts(read_format, cols_n))
 
 
 @torch.library.custom_op("replayssm::advance", mutates_args=("count", "origin", "pending", "epoch"))

@@ -79,3 +79,10 @@ TILES = {
             # (BENCHMARKS.md); benchmarks/bench_gating.py times every split against the PyTorch operations
             "gating": dict(heads=4, num_warps=4)},
 }
+
+# refresh_read_copy (a read copy re-derived from the stored checkpoint: every extend, under SGLang),
+# by where the loaded tile's lanes lie: "cols" where the read copy's columns are contiguous in the
+# checkpoint (Mamba-2 [P, N], delta [S, HV, V, K]), "rows" where its rows are (delta [S, HV, K, V]).
+# rows: read rows per program; rows_from_blocks (default: lanes along the columns) as in the delta
+# flush pass. Chosen with benchmarks/sweep_refresh.py (every candidate writes the same bytes).
+REFRESH_TILES = {"cols": dict(rows=16, num_warps=2), "rows": dict(rows=32, num_warps=2)}

@@ -237,10 +237,15 @@ def test_a_bf16_checkpoint_keeps_nans_and_rounds_the_rest_as_torch():
                                  dict(checkpoint_dtype="float16_sr", read_format="fp8")],
                          ids=["fp8", "nvfp4", "bf16-nvfp4", "fp16sr-fp8"])
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
-def test_refresh_read_copy_is_bit_exact(family, fmt):
+@pytest.mark.parametrize("rows_from_blocks", [None, "flipped"])
+def test_refresh_read_copy_is_bit_exact(family, fmt, rows_from_blocks, monkeypatch):
     """A refresh after the host wrote checkpoints itself (a prefill): the kernel re-derives the same
     read-copy bytes as the reference, from a [S, HV, V, K] checkpoint too (the hosts' layout), for
-    the refreshed slots only; the checkpoint is not written."""
+    the refreshed slots only; the checkpoint is not written. Both ways of taking the row maxima
+    (``REFRESH_TILES``' ``rows_from_blocks``, the tile in use and the other) write those bytes."""
+    if rows_from_blocks:
+        for along in ("cols", "rows"):
+            monkeypatch.setitem(ops.REFRESH_TILES, along, dict(ops.REFRESH_TILES[along], rows_from_blocks=along == "rows"))
     spec = SPECS[family]
     cfg = rs.ReplayConfig(seed=4, **fmt)
     S, layouts = 5, ["kv", "vk"] if spec.is_delta else ["kv"]

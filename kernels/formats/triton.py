@@ -360,7 +360,7 @@ def _store_checkpoint_kernel(
     epoch, sr_base,                            # [S + 1] int32; uint32 scalar
     HEADS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, BR: tl.constexpr,
     IS_DELTA: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, ROW_CODE_BYTES: tl.constexpr,
-    CODE_MAX: tl.constexpr,
+    CODE_MAX: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr,
 ):
     # Read layout [rows, cols]: Mamba-2 [P, N] = canonical; delta [V, K] = canonical [K, V] transposed.
     pid_r, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)   # r rows: 64-bit offsets
@@ -381,7 +381,8 @@ def _store_checkpoint_kernel(
     if READ_FMT != READ_CHECKPOINT:
         head = (slot * HEADS + h) * ROWS
         store_read_copy(codes + head * ROW_CODE_BYTES, block_scale + head * (COLS // 16), row_scale + head,
-                        stored.to(tl.float32), rows, rmask, READ_FMT, CODE_MAX, BR, COLS, ROW_CODE_BYTES, False)
+                        stored.to(tl.float32), rows, rmask, READ_FMT, CODE_MAX, BR, COLS, ROW_CODE_BYTES,
+                        ROWS_FROM_BLOCKS)
 
 
 @triton.jit
@@ -392,6 +393,7 @@ def _refresh_read_copy_kernel(
     num_slots,                                 # S
     HEADS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, BR: tl.constexpr,
     IS_DELTA: tl.constexpr, READ_FMT: tl.constexpr, ROW_CODE_BYTES: tl.constexpr, CODE_MAX: tl.constexpr,
+    ROWS_FROM_BLOCKS: tl.constexpr,
 ):
     # program (row tile, head, slot): BR read rows of one (slot, head), re-encoded from the stored
     # checkpoint; read layout [rows, cols] as in _store_checkpoint_kernel. A padded slot's programs
@@ -410,5 +412,4 @@ def _refresh_read_copy_kernel(
     x = tl.load(ckpt + slot * c_s + h * c_h + off_a * c_a + off_b * c_b, mask=rmask[:, None], other=0.0)
     head = (slot * HEADS + h) * ROWS
     store_read_copy(codes + head * ROW_CODE_BYTES, block_scale + head * (COLS // 16), row_scale + head,
-                    x.to(tl.float32),
-                    rows, rmask, READ_FMT, CODE_MAX, BR, COLS, ROW_CODE_BYTES, False)
+                    x.to(tl.float32), rows, rmask, READ_FMT, CODE_MAX, BR, COLS, ROW_CODE_BYTES, ROWS_FROM_BLOCKS)
