@@ -244,8 +244,8 @@ def test_refresh_read_copy_is_bit_exact(family, fmt, rows_from_blocks, monkeypat
     the refreshed slots only; the checkpoint is not written. Both ways of taking the row maxima
     (``REFRESH_TILES``' ``rows_from_blocks``, the tile in use and the other) write those bytes."""
     if rows_from_blocks:
-        for along in ("cols", "rows"):
-            monkeypatch.setitem(ops.REFRESH_TILES, along, dict(ops.REFRESH_TILES[along], rows_from_blocks=along == "rows"))
+        for along, tile in list(ops.REFRESH_TILES.items()):
+            monkeypatch.setitem(ops.REFRESH_TILES, along, dict(tile, rows_from_blocks=along == "rows"))
     spec = SPECS[family]
     cfg = rs.ReplayConfig(seed=4, **fmt)
     S, layouts = 5, ["kv", "vk"] if spec.is_delta else ["kv"]
