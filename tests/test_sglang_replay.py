@@ -604,8 +604,8 @@ def test_the_slot_sglang_picks_for_the_tree_is_flushed(replay_on, case):
     """SGLang's own ``MambaComponent.prepare_for_caching_req`` (patched) on a request whose own slot
     and two extra_buffer track slots all hold unflushed ring entries: the slot it names in
     ``insert_params.mamba_value`` (a finished request's own slot; a running request's no_buffer copy;
-    the latest track; past the key, 0.5.23's previous track) is flushed and holds the recurrence's
-    state; every other slot keeps its bytes."""
+    the latest track; past the key, 0.5.23's previous track) is donated, flushed at the next
+    forward's start, and then holds the recurrence's state; every other slot keeps its bytes."""
     import importlib
     from types import SimpleNamespace
 
@@ -641,6 +641,8 @@ def test_the_slot_sglang_picks_for_the_tree_is_flushed(replay_on, case):
                                       token_ids_len=12 if case == "track past the key" else 20)
 
     donated = int(params.mamba_value.reshape(-1)[0])
+    assert mp.replay.cursors["count"][:, donated].eq(2).all() and len(mp.donations) == 1    # pending ...
+    forward_start(req_pool)                                                                 # ... until a forward
     source = {"finished": own, "running": own, "track": track[1:],
               "track past the key": track[:1] if seams.version == "0.5.23" else track[1:]}[case]
     if case == "running":
@@ -656,6 +658,46 @@ def test_the_slot_sglang_picks_for_the_tree_is_flushed(replay_on, case):
         if s != donated:
             for name in before:
                 assert torch.equal(before[name][:, s], after[name][:, s]), (name, s)
+
+
+@pytest.mark.parametrize("drain", ["forward", "slot event"])
+def test_tree_donations_flush_together_before_any_reader(replay_on, drain, monkeypatch):
+    """Donations (``pool.donate``, one per request, as SGLang issues them) stay pending and are
+    flushed in one verb before anything reads their slots: the next forward's start, or a slot event
+    on the pool (here SGLang's copy of a donated slot, whose copy then holds the flushed state). A
+    slot donated twice is flushed once; a pool with nothing pending is left as it was."""
+    from test_unchecked import _buffers
+
+    req_pool = _req_pool()
+    run = Run(req_pool, replay_on, torch.Generator().manual_seed(13))
+    mp = run.mp
+    slots = req_pool.mamba_allocator.alloc(3)
+    run.started(slots, 6)                                  # window 4: two entries in every ring
+    before = _buffers(mp.replay)
+    forward_start(req_pool)                                # nothing pending: nothing changes
+    assert all(torch.equal(before[k], v) for k, v in _buffers(mp.replay).items())
+    for s in (slots[0], slots[1], slots[0]):               # two requests, one slot donated twice
+        replay_pool.donate(mp, req_pool.translate_mamba_indices(s.view(1)))
+    verbs = []
+    after_forwards = replay_pool.after_forwards
+    monkeypatch.setattr(replay_pool, "after_forwards", lambda *a: (verbs.append(a), after_forwards(*a)))
+    assert mp.replay.cursors["count"][:, slots].eq(2).all() and len(mp.donations) == 3
+    if drain == "forward":
+        forward_start(req_pool)
+        flushed = slots[:2]
+    else:
+        dst = req_pool.mamba_allocator.alloc(1)
+        mp.copy_from(slots[1:2], dst)                      # reads a donated slot
+        flushed = torch.cat([slots[:2], dst])
+        assert torch.equal(mp.mamba_cache.temporal[:, dst[0]], mp.mamba_cache.temporal[:, slots[1]])
+    assert mp.donations == []
+    (event, _, flushed_slots), = verbs                   # one verb; the repeat is padding (a distinct flush)
+    assert event == "tree donation" and sorted(flushed_slots.tolist()) == sorted([-1, *slots[:2].tolist()])
+    assert mp.replay.cursors["count"][:, flushed].eq(0).all() and mp.replay.cursors["count"][:, slots[2]].eq(2).all()
+    for s in slots[:2].tolist():
+        for layer in range(len(LAYERS)):
+            assert rms_ratio(mp.mamba_cache.temporal[layer, s], run.oracle[layer, s]) < TOL["float32"]
+    _assert_read_copy_is_encoded_checkpoint(mp, slots[:2])
 
 
 def test_a_tree_donation_waits_for_the_forwards_already_issued(replay_on):

@@ -8,8 +8,8 @@ where the releases differ, ``versions``).
 | ``layers.attention.mamba.mamba.selective_state_update`` (``MambaMixer2``'s call sites) | replay decode / verify; a state outside a replay pool is refused |
 | ``MambaMixer2.forward`` | before its chunk scan, flush the rows (a mixed batch's decode rows); after it wrote ``temporal``, refresh them |
 | ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`` | cursor commit in place of the ``intermediate_ssm`` scatter |
-| ``MambaComponent.prepare_for_caching_req`` | the slot SGLang picked for the radix tree (``insert_params.mamba_value``: a finished request's own slot, an extra_buffer track slot, a running request's no_buffer copy) is flushed, after the forwards already issued |
-| ``ModelRunner._forward_raw`` | the stream a forward runs on is recorded, which a tree donation's flush waits for |
+| ``MambaComponent.prepare_for_caching_req`` | the slot SGLang picked for the radix tree (``insert_params.mamba_value``: a finished request's own slot, an extra_buffer track slot, a running request's no_buffer copy) is donated: flushed, with the other requests' donations, at the next forward's start or slot event on the pool, after the forwards already issued |
+| ``ModelRunner._forward_raw`` | the stream a forward runs on is recorded, and the tree donations since the last forward are flushed on it first |
 | ``ModelRunner.__init__`` | SGLang's resolved settings that replay refuses (``options.refusal``, as the launcher) raise before SGLang builds the runner |
 | ``TritonGDNKernel.packed_decode`` / ``target_verify`` (``GDNAttnBackend``'s kernel seam) | replay GDN decode / verify |
 | ``TritonGDNKernel.decode`` | refused (the unpacked decode is not routed) |
@@ -115,15 +115,15 @@ def _install(cfg: ReplayConfig, backend: str) -> None:
         # the slot SGLang named for its radix tree (``insert_params.mamba_value``, a virtual slot:
         # a finished request's own slot, an extra_buffer track slot, which 0.5.23 takes from the
         # previous track when the latest ran past the key, or the no_buffer copy of a request still
-        # running) is flushed, after the forwards already issued (``pool.after_forwards``), so the tree
-        # holds the whole state with the ring folded in. An int8 store's index is no slot of this
-        # pool: the store flushed its source ("int8 store").
+        # running) is donated (``pool.donate``): flushed, with the other requests' donations, before
+        # anything reads it (the next forward's start or slot event on the pool) and after the
+        # forwards already issued, so the tree holds the whole state with the ring folded in. An int8
+        # store's index is no slot of this pool: the store flushed its source ("int8 store").
         donated = insert_params.mamba_value
         if donated is None or component.int8_ckpt_pool is not None:
             return
         req_pool = component.cache.req_to_token_pool
-        pool.after_forwards("tree donation", req_pool.mamba_pool,
-                            req_pool.translate_mamba_indices(donated.reshape(-1)).to(torch.int64))
+        pool.donate(req_pool.mamba_pool, req_pool.translate_mamba_indices(donated.reshape(-1)).to(torch.int64))
 
     _around(MambaComponent, "prepare_for_caching_req", after=tree_donation)
 

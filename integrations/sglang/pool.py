@@ -23,7 +23,7 @@ copy of the checkpoint (no flush: the copy holds the source's state as it stands
 | ``extend start`` | an extend about to read ``temporal`` as its rows' initial states (mixer / backend hook): a mixed batch's decode rows ride along as one-token extends | flush |
 | ``extend end`` | the extend (a prefill) wrote ``temporal`` (mixer / backend hook), that layer | refresh |
 | ``transfer`` | PD disaggregation, decode side: a transferred request's first batch (``ScheduleBatch.prepare_for_prebuilt``): the state the prefill server sent, after the forwards already issued (``after_forwards``) | refresh |
-| ``tree donation`` | a request's state cached in the radix tree (``MambaComponent.prepare_for_caching_req``): the slot SGLang picked for the tree, after the forwards already issued (``after_forwards``) | flush |
+| ``tree donation`` | a request's state cached in the radix tree (``MambaComponent.prepare_for_caching_req``): the slot SGLang picked for the tree, kept pending (``donate``) and flushed with the others at the next forward's start or slot event on the pool, after the forwards already issued (``after_forwards``) | flush |
 | ``track`` | extra_buffer's track copy (``track_copy``): SGLang copies the masked rows' checkpoints to their track slots | copy |
 | ``verify track`` | extra_buffer's verify track (``mamba2.commit_track``): a track slot took its row's slot and kept the accepted prefix | flush |
 | ``track extend`` | extra_buffer's extend track wrote the track slots (``_track_mamba_state_extend``) | refresh |
@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import logging
 import math
+import threading
 import weakref
 
 import torch
@@ -121,6 +122,9 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
             forward_stream: the CUDA stream the last forward ran on (recorded as it starts), after
                 whose work the scheduler thread's slot events run (``after_forwards``); None until
                 one ran on CUDA.
+            donations: the tree donations not yet flushed (``donate``), each ``(slots, stream)``:
+                the slots and the stream that issued them; flushed together at the next forward's
+                start or slot event on this pool (``drain_donations``).
         """
 
         replay_cfg = cfg
@@ -171,14 +175,20 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
                      self.replay.cfg.read_format, side * temporal.shape[0] * temporal.shape[1] / 2 ** 30)
             self.replay_graphs = VerbGraphs(self.replay)
             self.forward_stream = None
+            self.donations = []
+            self.donations_lock = threading.Lock()
             for layer in range(temporal.shape[0]):
                 _BY_STATE[_key(temporal[layer])] = (weakref.ref(self), layer)
 
+        # each slot event first flushes the pending tree donations (drain_donations), before SGLang's
+        # own body reads or writes any slot
         def clear_slots(self, indices: torch.Tensor):
+            drain_donations(self)
             super().clear_slots(indices)
             on_event("clear", self, indices)
 
         def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
+            drain_donations(self)
             super().copy_from(src_indices, dst_indices)
             on_event("copy", self, src_indices, dst=dst_indices)
 
@@ -188,6 +198,7 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
             return super().get_cpu_copy(indices)
 
         def load_cpu_copy(self, mamba_cache_cpu, indices):
+            drain_donations(self)
             super().load_cpu_copy(mamba_cache_cpu, indices)
             on_event("cpu load", self, indices.reshape(-1))
 
@@ -301,6 +312,7 @@ def on_event(event: str, owner, indices: torch.Tensor | None, layer: int | None 
     the pool's ``replay_graphs``). Nothing happens for ``owner`` None (not a replay pool) or no ``indices``."""
     if owner is None or indices is None:
         return
+    drain_donations(owner)
     replay, verb = owner.replay, EVENTS[event]
     slots = replay_slots(replay, indices)
     check = checked(replay) if verified is None else verified
@@ -343,9 +355,55 @@ def after_forwards(event: str, mamba_pool, indices: torch.Tensor | None) -> None
 
 
 def forward_starts(owner) -> None:
-    """A forward starts on ``owner``'s pool: the stream it runs on is recorded (CUDA pools only)."""
+    """A forward starts on ``owner``'s pool: the stream it runs on is recorded (CUDA pools only), and
+    the tree donations since the last forward are flushed on it, before the forward's work."""
     if owner.replay.device.type == "cuda":
         owner.forward_stream = torch.cuda.current_stream(owner.replay.device)
+        if torch.cuda.is_current_stream_capturing():
+            return
+    drain_donations(owner)
+
+
+def donate(mamba_pool, indices: torch.Tensor | None) -> None:
+    """A tree donation (``tree donation``) of SGLang slots ``indices`` (int32/int64 ``[n]``) on
+    ``mamba_pool``, kept pending: SGLang donates one request at a time, and a flush of every layer
+    per request is 2 launches per layer on rings that are mostly empty (just prefilled). The
+    donations are flushed together by ``drain_donations``, before anything reads the slots: the next
+    forward on the pool (``forward_starts``) or the next slot event on it (``on_event``). No-op
+    unless ``mamba_pool`` is a ``ReplayMambaPool``."""
+    if not hasattr(mamba_pool, "replay") or indices is None:
+        return
+    slots = replay_slots(mamba_pool.replay, indices)
+    stream = torch.cuda.current_stream(slots.device) if slots.device.type == "cuda" else None
+    with mamba_pool.donations_lock:
+        mamba_pool.donations.append((slots, stream))
+
+
+def drain_donations(owner) -> None:
+    """Flush ``owner``'s pending tree donations in one verb (``tree donation``), where they would have
+    run one by one: on the stream that donated them (the scheduler's), after the work already
+    issued there and on the forward stream (``after_forwards``); a caller on another stream (a
+    forward's start, HiCache's transfer stream) then waits for that flush on the device. No host
+    synchronization. A slot donated twice is flushed once (repeats become padding, -1, on the device)."""
+    with owner.donations_lock:
+        pending, owner.donations = owner.donations, []
+    if not pending:
+        return
+    home = pending[-1][1]
+    with contextlib.nullcontext() if home is None else torch.cuda.stream(home):
+        for stream in {s for _, s in pending if s is not None and s != home}:
+            home.wait_stream(stream)
+        slots = torch.cat([s for s, _ in pending])
+        if len(pending) > 1:
+            slots, _ = torch.sort(slots)
+            repeat = torch.zeros_like(slots, dtype=torch.bool)
+            repeat[1:] = slots[1:] == slots[:-1]
+            slots = torch.where(repeat, -1, slots)
+        after_forwards("tree donation", owner, slots)
+    if home is not None:
+        current = torch.cuda.current_stream(home.device)
+        if current != home:
+            current.wait_stream(home)
 
 
 def chain_only(retrieve_parent_token) -> None:
