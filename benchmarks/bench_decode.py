@@ -19,7 +19,8 @@ triton.testing.do_bench, which clears L2 between runs):
   at w = 0, 7, 14, flush and staggered).
   floors: device copy, read-only pass and in-place read+write pass over the same state bytes.
 GB/s counts the bytes a step must move (state or read copy, ring entries read and appended,
-activations); see ``bytes_*`` below.
+activations); see ``bytes_*`` below. The JSON names the date, the GPU, torch, Triton and the commit
+(``REPLAYSSM_COMMIT`` in the environment, else ``unknown``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 import types
 
 import torch
@@ -498,8 +500,10 @@ def main():
     print_summary()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                           rows=RESULTS, summary=SUMMARY), f, indent=1)
+            json.dump(dict(date=time.strftime("%Y-%m-%d", time.gmtime()),
+                           commit=os.environ.get("REPLAYSSM_COMMIT", "unknown"), gpu=torch.cuda.get_device_name(),
+                           torch=torch.__version__, triton=triton.__version__, rows=RESULTS, summary=SUMMARY),
+                      f, indent=1)
 
 
 if __name__ == "__main__":

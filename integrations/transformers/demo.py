@@ -276,7 +276,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=None,
                     help="also decode this many prompts at once (default: 64 on cuda, none on cpu)")
     ap.add_argument("--plot", type=Path, default=None,
-                    help="PNG path (default: benchmarks/results/demo-<device>.png under the working directory)")
+                    help="PNG path (default: build/demo-<device>.png under the working directory)")
     args = ap.parse_args(argv)
     if args.steps < 2:
         ap.error(f"--steps: expected >= 2, got {args.steps}")
@@ -298,7 +298,7 @@ def main(argv=None) -> None:
     transformers.logging.set_verbosity_error()  # the CPU fallback notices of the modeling code
     if device.type == "cpu":
         torch.set_num_threads(1)  # tiny matrices: threads only contend for the cores
-    plot_path = args.plot or Path("benchmarks") / "results" / f"demo-{device.type}.png"
+    plot_path = args.plot or Path("build") / f"demo-{device.type}.png"
     rows = []
     modes = 3 + len(READ_FORMATS) + (2 if batch > 1 else 0)
     t0 = time.perf_counter()
