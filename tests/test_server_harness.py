@@ -973,6 +973,60 @@ def test_a_prefill_profile_starts_behind_a_queue_and_the_decode_profile_after_it
         bench_serving.profile_load(Client(), args, 8, 1, str(log), 0, tmp_path / "prof2", 60)
 
 
+def test_a_prefix_workload_profiles_a_prefill_batch_that_reuses_the_cache(tmp_path, monkeypatch):
+    """Under --workload prefix no queue builds up: the prefill profile waits for a batch with cached
+    tokens and a quarter of the load running instead, and is reported missing without one."""
+    import bench_serving
+
+    args = bench_serving.argparse.Namespace(profile_steps=0, profile_prefill=2, concurrency=[8], port=1,
+                                            workload="prefix")
+    log = tmp_path / "log"
+    log.write_text("")
+    asked = []
+    batch = ("Prefill batch, #new-seq: 1, #new-token: 4, #cached-token: {}, full token usage: 0.01, "
+             "#running-req: {}, #queue-req: 0, cuda graph: True, input throughput (token/s): 1.0\n")
+    lines = {2: batch.format(0, 5), 3: batch.format(16, 1), 5: batch.format(16, 2)}
+
+    class Client:
+        polls = 0
+        returncode = None
+
+        def poll(self):
+            self.polls += 1
+            if self.polls in lines:
+                log.write_text(log.read_text() + lines[self.polls])
+            if self.polls == 9:
+                self.returncode = 0
+            return self.returncode
+
+    def start_profile(port, request):
+        asked.append((client.polls, request["profile_id"]))
+        folder = pathlib.Path(request["output_dir"])
+        folder.mkdir(parents=True)
+        (folder / "x-TP-0.trace.json").write_text(json.dumps(dict(traceEvents=[
+            dict(cat="kernel", name="_delta_flush_kernel", ts=0.0, dur=8.0)])))
+        log.write_text(log.read_text() + "Profiling done. Traces are saved to: prof\n")
+
+    monkeypatch.setattr(bench_serving, "start_profile", start_profile)
+    monkeypatch.setattr(bench_serving.time, "sleep", lambda s: None)
+    client = Client()
+    got = bench_serving.profile_load(client, args, 8, 1, str(log), 0, tmp_path / "prof", 60)
+    # no cached tokens at 5 running, cached at 1 running (under a quarter of 8): neither; cached at 2 running: yes
+    assert asked == [(5, "prefill")]
+    assert got["prefill"]["per_step"]["kernel_us"] == 4.0
+    # the decode workload keeps waiting for a queue, which this log never shows
+    log.write_text("")
+    with pytest.raises(RuntimeError, match="--profile-prefill: the server logged no prefill batch with at least 4 "
+                                           "requests queued"):
+        bench_serving.profile_load(Client(), bench_serving.argparse.Namespace(**dict(vars(args), workload="decode")),
+                                   8, 1, str(log), 0, tmp_path / "prof2", 60)
+    log.write_text("")
+    lines.pop(5)
+    with pytest.raises(RuntimeError, match="--profile-prefill: the server logged no prefill batch reusing cached "
+                                           "tokens with at least 2 requests running"):
+        bench_serving.profile_load(Client(), args, 8, 1, str(log), 0, tmp_path / "prof3", 60)
+
+
 def test_server_rates_leave_out_a_profiled_prefill_stretch():
     import bench_serving
 

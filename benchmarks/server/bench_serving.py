@@ -46,7 +46,8 @@ largest concurrency once all its requests run (SGLang's ``/start_profile``, GPU 
 to its row the kernels' time per step by group (``profile_trace.py``); ``--profile-prefill N`` profiles N
 prefill batches of that load the same way (``profile_prefill`` in its row), started once the server
 logs a prefill batch with at least half the load's requests still queued, so that more full batches
-follow. The profiler's own cost falls on that load's figures; the server's rates leave out the
+follow (under ``--workload prefix``, whose requests arrive a few per batch without a queue, once it logs
+a prefill batch that reuses cached tokens with a quarter of the load running). The profiler's own cost falls on that load's figures; the server's rates leave out the
 profiled batches.
 
 ``--table JSON...`` prints the rows as markdown with their ratios to SGLang's and SGLang's replay's;
@@ -170,6 +171,7 @@ def client_command(port: int, model_dir: pathlib.Path, concurrency: int, out_fil
 _PREFILL = re.compile(r"Prefill batch, .*#new-token: (\d+),.* input throughput \(token/s\): ([\d.]+)")
 _DECODE = re.compile(r"Decode batch, #running-req: (\d+),.* gen throughput \(token/s\): ([\d.]+)")
 _QUEUED = re.compile(r"Prefill batch, .*#queue-req: (\d+),")
+_CACHED = re.compile(r"Prefill batch, .*#cached-token: (\d+),.*#running-req: (\d+),")
 # a profiled stretch: from "Profiling starts" through the first batch line of the profiled kind after "Profiling
 # done" (its interval held profiled steps); a prefill profile names its profile id ("prefill") in its first line
 _PROFILED_PREFILL = re.compile(r"Profiling starts[^\n]*profile id: prefill\).*?Profiling done[^\n]*\n(?:[^\n]*\n)*?"
@@ -238,6 +240,13 @@ def queued_prefill(log_text: str, concurrency: int) -> bool:
     return any(2 * int(q) >= concurrency for q in _QUEUED.findall(log_text))
 
 
+def cached_prefill(log_text: str, concurrency: int) -> bool:
+    """Whether the server has logged a prefill batch that reused cached tokens with at least a quarter of
+    ``concurrency`` requests running: the prefix workload's steady state, whose requests arrive a few per
+    prefill batch beside the running ones' decode, so that no queue builds up."""
+    return any(int(c) > 0 and 4 * int(r) >= concurrency for c, r in _CACHED.findall(log_text))
+
+
 def start_profile(port: int, request: dict) -> None:
     """SGLang's ``POST /start_profile`` (its ``ProfileReq`` fields); RuntimeError unless it answers 200."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}/start_profile", data=json.dumps(request).encode(),
@@ -265,18 +274,21 @@ def profile_load(client: subprocess.Popen, args, concurrency: int, load: int, lo
 
 
 # each profiled phase: its flag, the argument holding its step count, when it may start (on the load's log and
-# concurrency), and what it waits for
+# concurrency), and what it waits for; the prefix workload's prefill waits for a batch that reuses the cache
 _PHASES = {
     "prefill": ("--profile-prefill", "profile_prefill", queued_prefill,
                 lambda c: f"prefill batch with at least {(c + 1) // 2} requests queued"),
     "decode": ("--profile-steps", "profile_steps", running_decode, lambda c: f"decode batch of {c} running requests"),
 }
+_PREFIX_PREFILL = ("--profile-prefill", "profile_prefill", cached_prefill,
+                   lambda c: f"prefill batch reusing cached tokens with at least {(c + 3) // 4} requests running")
 
 
 def _profile_load(client, args, concurrency, load, log_name, log_start, folder, timeout):
+    phases = dict(_PHASES, prefill=_PREFIX_PREFILL) if getattr(args, "workload", "decode") == "prefix" else _PHASES
     first = concurrency == max(args.concurrency) and load == 1
-    steps = {phase: getattr(args, attr) for phase, (_, attr, _, _) in _PHASES.items()}
-    pending = [phase for phase in _PHASES if first and steps[phase] > 0]
+    steps = {phase: getattr(args, attr) for phase, (_, attr, _, _) in phases.items()}
+    pending = [phase for phase in phases if first and steps[phase] > 0]
     results: dict[str, dict] = {}
     active, done_before = None, 0
 
@@ -299,7 +311,7 @@ def _profile_load(client, args, concurrency, load, log_name, log_start, folder, 
         if active is not None:
             if (summary := finished(log_text())) is not None:
                 results[active], active = summary, None
-        elif pending and _PHASES[pending[0]][2](text := log_text(), concurrency):
+        elif pending and phases[pending[0]][2](text := log_text(), concurrency):
             active, done_before = pending.pop(0), text.count("Profiling done")
             start_profile(args.port, dict(output_dir=str(folder / active), num_steps=steps[active],
                                           activities=["GPU"], with_stack=False, record_shapes=False,
@@ -311,9 +323,9 @@ def _profile_load(client, args, concurrency, load, log_name, log_start, folder, 
             break
         time.sleep(0.2)
     if active is not None:
-        raise RuntimeError(f"{_PHASES[active][0]}: no finished trace in {folder / active} 60 s after the load")
+        raise RuntimeError(f"{phases[active][0]}: no finished trace in {folder / active} 60 s after the load")
     if pending:
-        flag, _, _, waits_for = _PHASES[pending[0]]
+        flag, _, _, waits_for = phases[pending[0]]
         raise RuntimeError(f"{flag}: the server logged no {waits_for(concurrency)}")
     return results
 
@@ -565,7 +577,9 @@ def main(argv: list[str] | None = None) -> int:
                          "number of flush steps in every variant")
     ap.add_argument("--profile-prefill", type=int, default=0,
                     help="profile this many prefill batches of the first load at the largest concurrency, once at "
-                         "least half its requests wait behind a logged prefill batch (needs --server-log-level info); "
+                         "least half its requests wait behind a logged prefill batch (--workload prefix: once a logged "
+                         "prefill batch reuses cached tokens with a quarter of the load running; needs "
+                         "--server-log-level info); "
                          "the row's profile_prefill carries the kernels' time per batch by group")
     ap.add_argument("--draft-tokens", type=int, default=4, help="tokens per verify, the bonus token included")
     ap.add_argument("--groups", type=int, default=8, help="prefix workload: distinct shared prefixes")
