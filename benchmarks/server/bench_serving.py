@@ -47,8 +47,8 @@ to its row the kernels' time per step by group (``profile_trace.py``); ``--profi
 prefill batches of that load the same way (``profile_prefill`` in its row), started once the server
 logs a prefill batch with at least half the load's requests still queued, so that more full batches
 follow (under ``--workload prefix``, whose requests arrive a few per batch without a queue, once it logs
-a prefill batch that reuses cached tokens with a quarter of the load running). The profiler's own cost falls on that load's figures; the server's rates leave out the
-profiled batches.
+a prefill batch that reuses cached tokens with a quarter of the load running). The profiler's own cost
+falls on that load's figures; the server's rates leave out the profiled batches.
 
 ``--table JSON...`` prints the rows as markdown with their ratios to SGLang's and SGLang's replay's;
 ``--merge JSON... --merged FILE`` joins several runs of one model into one file (each row keeps its
