@@ -619,6 +619,41 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
     assert len(servers) == 1 and late[0]["error"].startswith("not started")
 
 
+def test_a_profile_that_never_starts_keeps_the_loads_row(tmp_path, monkeypatch):
+    """A load whose log never shows what its profile waits for is measured as usual; its row says
+    which profile was missed (the profile is lost, not the load)."""
+    import bench_serving
+
+    args = serving_args(concurrency=[4], profile_prefill=2, server_log_level="info")
+    servers = fake_servers(monkeypatch)
+
+    class Client:
+        def __init__(self, cmd, **kw):
+            out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
+            out.write_text(json.dumps(dict(output_throughput=40.0, median_itl_ms=2.0)) + "\n")
+            kw["stdout"].write("Prefill batch, #new-seq: 4, #new-token: 8, #cached-token: 0, #running-req: 0, "
+                               "#queue-req: 0, input throughput (token/s): 1.0\n")
+            kw["stdout"].flush()
+            self.returncode = 0
+
+        def poll(self):
+            return self.returncode
+
+    def start_profile(port, request):
+        raise AssertionError("no prefill batch had a queue: the profile must not start")
+
+    monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
+    monkeypatch.setattr(bench_serving, "start_profile", start_profile)
+    with open(tmp_path / "log", "w") as log:
+        rows = bench_serving.serve_and_measure("kimi-linear", tmp_path, "replay-nvfp4", "no_buffer", args, log,
+                                               check_server.Deadline(None))
+    assert servers[-1].poll() is not None
+    assert len(rows) == 1 and "error" not in rows[0] and rows[0]["output_throughput"] == 40.0
+    assert "profile_prefill" not in rows[0]
+    assert rows[0]["profile_missed"] == ("--profile-prefill: the server logged no prefill batch with at least 2 "
+                                         "requests queued")
+
+
 def test_serving_records_a_failed_loads_concurrency_and_says_when_the_deadline_cut_it(tmp_path, monkeypatch):
     import bench_serving
 
@@ -966,11 +1001,15 @@ def test_a_prefill_profile_starts_behind_a_queue_and_the_decode_profile_after_it
     assert asked[0][0] == 4 and asked[1][0] == 9
     assert got["prefill"]["per_step"]["kernel_us"] == 4.0 and got["decode"]["per_step"]["kernel_us"] == 2.0
     assert got["prefill"]["top"][0]["name"] == "_mamba2_flush_kernel"
-    # a load whose prefill never queues half its requests: the prefill profile is reported missing
+    # a load whose prefill never queues half its requests: the prefill profile is reported missed, the decode
+    # profile behind it did not start, and the load still counts
     log.write_text("")
     lines.pop(4)
-    with pytest.raises(RuntimeError, match="--profile-prefill: the server logged no prefill batch with at least 4"):
-        bench_serving.profile_load(Client(), args, 8, 1, str(log), 0, tmp_path / "prof2", 60)
+    asked.clear()
+    got = bench_serving.profile_load(Client(), args, 8, 1, str(log), 0, tmp_path / "prof2", 60)
+    assert asked == [] and set(got) == {"missed"}
+    assert got["missed"] == ("--profile-prefill: the server logged no prefill batch with at least 4 requests queued; "
+                             "--profile-steps did not start behind it")
 
 
 def test_a_prefix_workload_profiles_a_prefill_batch_that_reuses_the_cache(tmp_path, monkeypatch):
@@ -1016,15 +1055,14 @@ def test_a_prefix_workload_profiles_a_prefill_batch_that_reuses_the_cache(tmp_pa
     assert got["prefill"]["per_step"]["kernel_us"] == 4.0
     # the decode workload keeps waiting for a queue, which this log never shows
     log.write_text("")
-    with pytest.raises(RuntimeError, match="--profile-prefill: the server logged no prefill batch with at least 4 "
-                                           "requests queued"):
-        bench_serving.profile_load(Client(), bench_serving.argparse.Namespace(**dict(vars(args), workload="decode")),
-                                   8, 1, str(log), 0, tmp_path / "prof2", 60)
+    got = bench_serving.profile_load(Client(), bench_serving.argparse.Namespace(**dict(vars(args), workload="decode")),
+                                     8, 1, str(log), 0, tmp_path / "prof2", 60)
+    assert got == {"missed": "--profile-prefill: the server logged no prefill batch with at least 4 requests queued"}
     log.write_text("")
     lines.pop(5)
-    with pytest.raises(RuntimeError, match="--profile-prefill: the server logged no prefill batch reusing cached "
-                                           "tokens with at least 2 requests running"):
-        bench_serving.profile_load(Client(), args, 8, 1, str(log), 0, tmp_path / "prof3", 60)
+    got = bench_serving.profile_load(Client(), args, 8, 1, str(log), 0, tmp_path / "prof3", 60)
+    assert got == {"missed": "--profile-prefill: the server logged no prefill batch reusing cached tokens with at "
+                             "least 2 requests running"}
 
 
 def test_server_rates_leave_out_a_profiled_prefill_stretch():

@@ -263,7 +263,8 @@ def profile_load(client: subprocess.Popen, args, concurrency: int, load: int, lo
     (``--profile-steps N``: N decode steps, once all requests run, ``running_decode``): each a
     ``POST /start_profile`` (GPU kernels only, stopped by the server after N steps) once the server's
     log (``--server-log-level info``) shows its batches. Returns ``{"prefill": ..., "decode": ...}``:
-    each profiled phase's ``profile_trace.summarize`` (empty when nothing was profiled)."""
+    each profiled phase's ``profile_trace.summarize`` (empty when nothing was profiled), and under
+    ``"missed"`` what the log never showed where a phase never started: the load itself still counts."""
     try:
         return _profile_load(client, args, concurrency, load, log_name, log_start, folder, timeout)
     except BaseException:
@@ -326,7 +327,8 @@ def _profile_load(client, args, concurrency, load, log_name, log_start, folder, 
         raise RuntimeError(f"{phases[active][0]}: no finished trace in {folder / active} 60 s after the load")
     if pending:
         flag, _, _, waits_for = phases[pending[0]]
-        raise RuntimeError(f"{flag}: the server logged no {waits_for(concurrency)}")
+        behind = "".join(f"; {phases[p][0]} did not start behind it" for p in pending[1:])
+        results["missed"] = f"{flag}: the server logged no {waits_for(concurrency)}{behind}"
     return results
 
 
@@ -396,6 +398,10 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                     row["profile"] = profiled["decode"]
                 if "prefill" in profiled:
                     row["profile_prefill"] = profiled["prefill"]
+                if "missed" in profiled:
+                    row["profile_missed"] = profiled["missed"]
+                    print(f"{model} {variant} ({label}) concurrency {c} load {load}: not profiled: "
+                          f"{profiled['missed']}", flush=True)
             with open(log.name, "rb") as f:
                 f.seek(log_start)
                 row |= server_rates(f.read().decode(errors="replace"), c)
