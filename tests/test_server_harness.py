@@ -958,6 +958,24 @@ def test_profiled_load_starts_the_profile_once_every_request_runs(tmp_path, monk
     assert bench_serving.profile_load(Client(), args, 4, 2, str(log), start, tmp_path / "p3", 60) == {}
 
 
+def scripted_client(log: pathlib.Path, lines: dict, end: int):
+    """A load's client class for ``profile_load``: its poll number ``n`` appends ``lines[n]`` to the server's
+    ``log``, and it exits at poll ``end``."""
+    class Client:
+        polls = 0
+        returncode = None
+
+        def poll(self):
+            self.polls += 1
+            if self.polls in lines:
+                log.write_text(log.read_text() + lines[self.polls])
+            if self.polls == end:
+                self.returncode = 0
+            return self.returncode
+
+    return Client
+
+
 def test_a_prefill_profile_starts_behind_a_queue_and_the_decode_profile_after_it(tmp_path, monkeypatch):
     """--profile-prefill waits for a prefill batch with half the load still queued, --profile-steps then
     for every request running, and each phase's trace is summarized over its own steps."""
@@ -971,17 +989,7 @@ def test_a_prefill_profile_starts_behind_a_queue_and_the_decode_profile_after_it
              4: "Prefill batch, #new-seq: 2, #new-token: 8, #queue-req: 4, input throughput (token/s): 1.0\n",
              9: "Decode batch, #running-req: 8, gen throughput (token/s): 1.0\n"}
 
-    class Client:
-        polls = 0
-        returncode = None
-
-        def poll(self):
-            self.polls += 1
-            if self.polls in lines:
-                log.write_text(log.read_text() + lines[self.polls])
-            if self.polls == 14:
-                self.returncode = 0
-            return self.returncode
+    Client = scripted_client(log, lines, end=14)
 
     def start_profile(port, request):
         asked.append((client.polls, request["profile_id"], request["num_steps"]))
@@ -1026,17 +1034,7 @@ def test_a_prefix_workload_profiles_a_prefill_batch_that_reuses_the_cache(tmp_pa
              "#running-req: {}, #queue-req: 0, cuda graph: True, input throughput (token/s): 1.0\n")
     lines = {2: batch.format(0, 5), 3: batch.format(16, 1), 5: batch.format(16, 2)}
 
-    class Client:
-        polls = 0
-        returncode = None
-
-        def poll(self):
-            self.polls += 1
-            if self.polls in lines:
-                log.write_text(log.read_text() + lines[self.polls])
-            if self.polls == 9:
-                self.returncode = 0
-            return self.returncode
+    Client = scripted_client(log, lines, end=9)
 
     def start_profile(port, request):
         asked.append((client.polls, request["profile_id"]))
