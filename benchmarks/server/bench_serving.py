@@ -286,7 +286,7 @@ _PREFIX_PREFILL = ("--profile-prefill", "profile_prefill", cached_prefill,
 
 
 def _profile_load(client, args, concurrency, load, log_name, log_start, folder, timeout):
-    phases = dict(_PHASES, prefill=_PREFIX_PREFILL) if getattr(args, "workload", "decode") == "prefix" else _PHASES
+    phases = dict(_PHASES, prefill=_PREFIX_PREFILL) if args.workload == "prefix" else _PHASES
     first = concurrency == max(args.concurrency) and load == 1
     steps = {phase: getattr(args, attr) for phase, (_, attr, _, _) in phases.items()}
     pending = [phase for phase in phases if first and steps[phase] > 0]
