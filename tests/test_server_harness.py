@@ -565,7 +565,7 @@ def serving_args(**overrides):
         port=1, concurrency=[1, 4], input_len=8, output_len=4, workload="decode", no_prefill_graph=False,
         mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=5, weights="sglang-dummy",
         speculative="none", repeat=1, server_log_level="warning", request_rate=None, profile_steps=0,
-        profile_prefill=0) | overrides)
+        profile_prefill=0, profile_host=False) | overrides)
 
 
 def fake_servers(monkeypatch) -> list:
@@ -887,6 +887,45 @@ def test_profile_summary_groups_kernels_and_counts_busy_time_once():
         profile_trace.summarize(dict(traceEvents=[]), steps=1)
 
 
+def test_host_summary_times_outermost_calls_and_finds_who_waited_for_the_device():
+    import profile_trace
+
+    def py(name, ts, dur, tid=1):
+        return dict(cat="python_function", name=name, ts=ts, dur=dur, pid=7, tid=tid)
+
+    def sync(ts, dur, tid=1, name="cudaStreamSynchronize"):
+        return dict(cat="cuda_runtime", name=name, ts=ts, dur=dur, pid=7, tid=tid)
+
+    pool = "replayssm/integrations/sglang/pool.py"
+    trace = dict(traceEvents=[
+        py("sglang/srt/managers/scheduler.py(900): run_batch", 0.0, 100.0),
+        py("sglang/srt/managers/scheduler.py(950): run_batch", 1.0, 50.0),        # nested: counted once
+        py(f"{pool}(243): on_event", 10.0, 30.0),
+        py("replayssm/graphs.py(70): __call__", 12.0, 20.0),                      # inside on_event: not again
+        py("torch/cuda/streams.py(10): synchronize", 14.0, 5.0),
+        sync(15.0, 4.0),                                                          # torch frame: its caller
+        py("sglang/srt/model_executor/model_runner.py(1500): _forward_raw", 60.0, 30.0),
+        py(f"{pool}(300): forward_starts", 61.0, 6.0),
+        sync(70.0, 9.0),
+        dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=80.0, dur=3.0, pid=7, tid=1),   # no wait
+        py("sglang/srt/managers/scheduler.py(1200): process_batch_result", 100.0, 40.0),
+        py(f"{pool}(243): on_event", 0.0, 8.0, tid=2),                              # another thread
+        sync(0.0, 2.0, tid=3),
+        dict(cat="kernel", name="_delta_flush_kernel", ts=0.0, dur=5.0)])
+    h = profile_trace.summarize_host(trace, steps=2)
+    assert h["per_step"] == dict(replayssm_us=22.0, sync_us=7.5, syncs=1.5)
+    assert h["stages"] == dict(run_batch=50.0, process_batch_result=20.0)
+    assert h["replayssm"] == [dict(name=f"{pool}: on_event", us=19.0, calls=1.0),
+                              dict(name=f"{pool}: forward_starts", us=3.0, calls=0.5)]
+    assert h["syncs"] == [dict(at="sglang/srt/model_executor/model_runner.py(1500): _forward_raw", us=4.5, count=0.5),
+                          dict(at="replayssm/graphs.py(70): __call__", us=2.0, count=0.5),
+                          dict(at="(no Python frame)", us=1.0, count=0.5)]
+    with pytest.raises(ValueError, match="steps"):
+        profile_trace.summarize_host(trace, steps=0)
+    with pytest.raises(ValueError, match="python_function"):
+        profile_trace.summarize_host(dict(traceEvents=[sync(0.0, 1.0)]), steps=1)
+
+
 def test_profile_regroup_moves_top_kernels_to_the_group_their_name_has_now():
     import profile_trace
 
@@ -919,7 +958,8 @@ def test_profile_waits_for_a_decode_batch_of_every_request():
 def test_profiled_load_starts_the_profile_once_every_request_runs(tmp_path, monkeypatch):
     import bench_serving
 
-    args = bench_serving.argparse.Namespace(profile_steps=2, profile_prefill=0, concurrency=[1, 4], port=1, workload="decode")
+    args = bench_serving.argparse.Namespace(profile_steps=2, profile_prefill=0, concurrency=[1, 4], port=1, workload="decode",
+                                            profile_host=False)
     log = tmp_path / "log"
     log.write_text("Decode batch, #running-req: 4, #full token: 9, gen throughput (token/s): 1.0, x\n")
     start = log.stat().st_size
@@ -958,6 +998,38 @@ def test_profiled_load_starts_the_profile_once_every_request_runs(tmp_path, monk
     assert bench_serving.profile_load(Client(), args, 4, 2, str(log), start, tmp_path / "p3", 60) == {}
 
 
+def test_a_host_profile_records_python_stacks_and_summarizes_the_host(tmp_path, monkeypatch, capsys):
+    import bench_serving
+
+    args = bench_serving.argparse.Namespace(profile_steps=2, profile_prefill=0, concurrency=[4], port=1,
+                                            workload="decode", profile_host=True)
+    log = tmp_path / "log"
+    log.write_text("")
+    asked = []
+    Client = scripted_client(log, {2: "Decode batch, #running-req: 4, gen throughput (token/s): 1.0\n"}, end=5)
+
+    def start_profile(port, request):
+        asked.append(request)
+        folder = pathlib.Path(request["output_dir"])
+        folder.mkdir(parents=True)
+        (folder / "decode-TP-0.trace.json").write_text(json.dumps(dict(traceEvents=[
+            dict(cat="kernel", name="_delta_decode_kernel", ts=0.0, dur=4.0),
+            dict(cat="python_function", name="replayssm/integrations/sglang/gdn.py(40): replay_packed_decode",
+                 ts=0.0, dur=6.0, pid=1, tid=1)])))
+        log.write_text(log.read_text() + "Profiling done. Traces are saved to: prof\n")
+
+    monkeypatch.setattr(bench_serving, "start_profile", start_profile)
+    monkeypatch.setattr(bench_serving.time, "sleep", lambda s: None)
+    got = bench_serving.profile_load(Client(), args, 4, 1, str(log), 0, tmp_path / "prof", 60)
+    assert asked[0]["activities"] == ["CPU", "GPU"] and asked[0]["with_stack"] is True
+    assert got["decode"]["per_step"]["kernel_us"] == 2.0
+    assert got["decode"]["host"]["per_step"]["replayssm_us"] == 3.0
+    # --profile-host records the profiles it names: alone it is refused
+    with pytest.raises(SystemExit):
+        bench_serving.main(["--profile-host", "--server-log-level", "info"])
+    assert "--profile-host: expected --profile-steps or --profile-prefill" in capsys.readouterr().err
+
+
 def scripted_client(log: pathlib.Path, lines: dict, end: int):
     """A load's client class for ``profile_load``: its poll number ``n`` appends ``lines[n]`` to the server's
     ``log``, and it exits at poll ``end``."""
@@ -981,7 +1053,8 @@ def test_a_prefill_profile_starts_behind_a_queue_and_the_decode_profile_after_it
     for every request running, and each phase's trace is summarized over its own steps."""
     import bench_serving
 
-    args = bench_serving.argparse.Namespace(profile_steps=4, profile_prefill=2, concurrency=[8], port=1, workload="decode")
+    args = bench_serving.argparse.Namespace(profile_steps=4, profile_prefill=2, concurrency=[8], port=1, workload="decode",
+                                            profile_host=False)
     log = tmp_path / "log"
     log.write_text("")
     asked = []
@@ -1026,7 +1099,7 @@ def test_a_prefix_workload_profiles_a_prefill_batch_that_reuses_the_cache(tmp_pa
     import bench_serving
 
     args = bench_serving.argparse.Namespace(profile_steps=0, profile_prefill=2, concurrency=[8], port=1,
-                                            workload="prefix")
+                                            workload="prefix", profile_host=False)
     log = tmp_path / "log"
     log.write_text("")
     asked = []
@@ -1121,7 +1194,8 @@ def test_profile_plot_draws_every_profiled_row_and_refuses_files_without_one(tmp
 def test_a_failed_profile_ends_the_loads_client(tmp_path, monkeypatch):
     import bench_serving
 
-    args = bench_serving.argparse.Namespace(profile_steps=2, profile_prefill=0, concurrency=[4], port=1, workload="decode")
+    args = bench_serving.argparse.Namespace(profile_steps=2, profile_prefill=0, concurrency=[4], port=1, workload="decode",
+                                            profile_host=False)
     log = tmp_path / "log"
     log.write_text("Decode batch, #running-req: 4, gen throughput (token/s): 1.0\n")
 

@@ -48,7 +48,9 @@ prefill batches of that load the same way (``profile_prefill`` in its row), star
 logs a prefill batch with at least half the load's requests still queued, so that more full batches
 follow (under ``--workload prefix``, whose requests arrive a few per batch without a queue, once it logs
 a prefill batch that reuses cached tokens with a quarter of the load running). The profiler's own cost
-falls on that load's figures; the server's rates leave out the profiled batches.
+falls on that load's figures; the server's rates leave out the profiled batches. ``--profile-host``
+records these profiles with CPU activity and Python stacks too, and adds to each profiled phase's
+summary (``host``) where the scheduler's host time went (``profile_trace.summarize_host``).
 
 ``--table JSON...`` prints the rows as markdown with their ratios to SGLang's and SGLang's replay's;
 ``--merge JSON... --merged FILE`` joins several runs of one model into one file (each row keeps its
@@ -261,9 +263,10 @@ def profile_load(client: subprocess.Popen, args, concurrency: int, load: int, lo
     """Wait for the load's ``client``; during the first load at the largest concurrency, profile its
     prefill (``--profile-prefill N``: N prefill batches, once ``queued_prefill``), then its decode
     (``--profile-steps N``: N decode steps, once all requests run, ``running_decode``): each a
-    ``POST /start_profile`` (GPU kernels only, stopped by the server after N steps) once the server's
-    log (``--server-log-level info``) shows its batches. Returns ``{"prefill": ..., "decode": ...}``:
-    each profiled phase's ``profile_trace.summarize`` (empty when nothing was profiled), and under
+    ``POST /start_profile`` (GPU kernels only unless ``--profile-host``, stopped by the server after N
+    steps) once the server's log (``--server-log-level info``) shows its batches. Returns
+    ``{"prefill": ..., "decode": ...}``: each profiled phase's ``profile_trace.summarize`` (with its
+    ``summarize_host`` as ``host`` under ``--profile-host``; empty when nothing was profiled), and under
     ``"missed"`` what the log never showed where a phase never started: the load itself still counts."""
     try:
         return _profile_load(client, args, concurrency, load, log_name, log_start, folder, timeout)
@@ -301,7 +304,11 @@ def _profile_load(client, args, concurrency, load, log_name, log_start, folder, 
     def finished(text: str) -> dict | None:
         traces = sorted((folder / active).glob("*.trace.json*"))
         if text.count("Profiling done") > done_before and traces:
-            return profile_trace.summarize(profile_trace.load(traces[0]), steps[active])
+            trace = profile_trace.load(traces[0])
+            summary = profile_trace.summarize(trace, steps[active])
+            if args.profile_host:
+                summary["host"] = profile_trace.summarize_host(trace, steps[active])
+            return summary
         return None
 
     t0 = time.time()
@@ -315,8 +322,8 @@ def _profile_load(client, args, concurrency, load, log_name, log_start, folder, 
         elif pending and phases[pending[0]][2](text := log_text(), concurrency):
             active, done_before = pending.pop(0), text.count("Profiling done")
             start_profile(args.port, dict(output_dir=str(folder / active), num_steps=steps[active],
-                                          activities=["GPU"], with_stack=False, record_shapes=False,
-                                          profile_id=active))
+                                          activities=["CPU", "GPU"] if args.profile_host else ["GPU"],
+                                          with_stack=args.profile_host, record_shapes=False, profile_id=active))
         time.sleep(0.2)
     for _ in range(300 if active is not None else 0):   # "Profiling done" is logged once the trace is written
         if (summary := finished(log_text())) is not None:
@@ -587,6 +594,11 @@ def main(argv: list[str] | None = None) -> int:
                          "prefill batch reuses cached tokens with a quarter of the load running; needs "
                          "--server-log-level info); "
                          "the row's profile_prefill carries the kernels' time per batch by group")
+    ap.add_argument("--profile-host", action="store_true",
+                    help="record the profiles with CPU activity and Python stacks as well: each profiled phase's "
+                         "summary gains the host time of replayssm's calls, of SGLang's scheduler stages and of the "
+                         "waits for the device (profile_trace.summarize_host); the Python tracer slows the host "
+                         "through the profiled steps")
     ap.add_argument("--draft-tokens", type=int, default=4, help="tokens per verify, the bonus token included")
     ap.add_argument("--groups", type=int, default=8, help="prefix workload: distinct shared prefixes")
     ap.add_argument("--prompts-per-group", type=int, default=32)
@@ -630,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile_steps < 0 or args.profile_steps and args.server_log_level == "warning":
         ap.error(f"--profile-steps: expected a positive count with --server-log-level info (the decode batches the "
                  f"profile waits for are logged at info), got {args.profile_steps} at {args.server_log_level}")
+    if args.profile_host and not (args.profile_steps or args.profile_prefill):
+        ap.error("--profile-host: expected --profile-steps or --profile-prefill (the profiles it records)")
     if args.profile_prefill < 0 or args.profile_prefill and args.server_log_level == "warning":
         ap.error(f"--profile-prefill: expected a positive count with --server-log-level info (the prefill batches the "
                  f"profile waits for are logged at info), got {args.profile_prefill} at {args.server_log_level}")

@@ -9,8 +9,11 @@ Every kernel event of the trace (CUDA-graph replays included: CUPTI records each
 in one of ``GROUPS`` by its name; the summary gives per decode step (the trace's kernel time divided
 by ``--steps``) each group's time and launch count, the GPU's busy time (the union of the kernels'
 intervals) and the span from the first kernel's start to the last one's end, and the kernels of the
-most time. ``--plot`` draws the profiled rows of ``bench_serving.py``'s files: kernel time per step by
-group beside the step's wall span.
+most time. A trace recorded with CPU activity and stacks (``bench_serving.py --profile-host``) also
+gets ``summarize_host``: the host time of replayssm's outermost calls, of SGLang's scheduler stages,
+and of the runtime calls that wait for the device, by the Python frame that made them. ``--plot``
+draws the profiled rows of ``bench_serving.py``'s files: kernel time per step by group beside the
+step's wall span.
 """
 
 from __future__ import annotations
@@ -86,6 +89,72 @@ def summarize(trace: dict, steps: int, top: int = 30) -> dict:
                 for g, (t, c) in sorted(by_group.items(), key=lambda kv: -kv[1][0])},
         top=[dict(name=n[:160], group=group_of(n), us=t / steps, launches=c / steps)
              for n, (t, c) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]])
+
+
+# SGLang's scheduler stages: python functions whose outermost calls ``summarize_host`` times
+STAGES = ("recv_requests", "process_input_requests", "get_next_batch_to_run", "run_batch", "process_batch_result")
+# runtime calls that block the host until the device has finished the work queued before them
+SYNCS = re.compile(r"^cuda(Stream|Device|Event)Synchronize$")
+_REPLAYSSM = re.compile(r"(^|/)replayssm/")
+_FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<func>.*)$")
+
+
+def summarize_host(trace: dict, steps: int, top: int = 20) -> dict:
+    """Where the profiled process's host threads spent their time, per profiled step, from the
+    Python frames of a trace recorded with CPU activity and stacks (``/start_profile`` with
+    ``activities=["CPU", "GPU"]`` and ``with_stack``; the Python tracer's own cost is included):
+
+    - ``replayssm``: the outermost calls into replayssm's code (hooks, pool events, steps), their
+      time inclusive of everything below them, per function (``"file: func"``);
+    - ``stages``: the outermost calls of SGLang's scheduler stages (``STAGES``);
+    - ``syncs``: the runtime calls that wait for the device (``SYNCS``), per innermost Python frame
+      outside torch that issued them (``"file(line): func"``): a wait on the host of the overlap
+      scheduler stalls its next batch's preparation.
+    """
+    if steps < 1:
+        raise ValueError(f"steps: expected a positive count of profiled steps, got {steps}")
+    events = [e for e in trace.get("traceEvents", []) if "dur" in e and (
+        e.get("cat") == "python_function" or (e.get("cat") == "cuda_runtime" and SYNCS.match(e.get("name", ""))))]
+    if not any(e["cat"] == "python_function" for e in events):
+        raise ValueError("trace: no python_function events (was the profile started with CPU activity and with_stack?)")
+    replay: dict[str, list[float]] = {}
+    stages: dict[str, float] = {}
+    syncs: dict[str, list[float]] = {}
+    by_thread: dict[tuple, list[dict]] = {}
+    for e in events:
+        by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for thread in by_thread.values():
+        stack: list[tuple[float, dict]] = []               # (end, frame) of the enclosing frames
+        for e in sorted(thread, key=lambda e: (e["ts"], -e["dur"])):
+            while stack and stack[-1][0] <= e["ts"]:
+                stack.pop()
+            frames = [f for _, f in stack]
+            if e["cat"] == "cuda_runtime":
+                caller = next((f["name"] for f in reversed(frames) if not f["name"].startswith(("torch/", "<"))),
+                              "(no Python frame)")
+                slot = syncs.setdefault(caller, [0.0, 0])
+                slot[0] += e["dur"]
+                slot[1] += 1
+                continue
+            m = _FRAME.match(e["name"])
+            if m and _REPLAYSSM.search(m["file"]) and not any(_REPLAYSSM.search(f["name"]) for f in frames):
+                slot = replay.setdefault(f"{m['file']}: {m['func']}", [0.0, 0])
+                slot[0] += e["dur"]
+                slot[1] += 1
+            if m and m["func"] in STAGES and "sglang/" in m["file"] and not any(
+                    f["name"].endswith(f": {m['func']}") for f in frames):
+                stages[m["func"]] = stages.get(m["func"], 0.0) + e["dur"]
+            stack.append((e["ts"] + e["dur"], e))
+    return dict(
+        steps=steps,
+        per_step=dict(replayssm_us=sum(t for t, _ in replay.values()) / steps,
+                      sync_us=sum(t for t, _ in syncs.values()) / steps,
+                      syncs=sum(c for _, c in syncs.values()) / steps),
+        stages={g: stages[g] / steps for g in STAGES if g in stages},
+        replayssm=[dict(name=n, us=t / steps, calls=c / steps)
+                   for n, (t, c) in sorted(replay.items(), key=lambda kv: -kv[1][0])[:top]],
+        syncs=[dict(at=n, us=t / steps, count=c / steps)
+               for n, (t, c) in sorted(syncs.items(), key=lambda kv: -kv[1][0])[:top]])
 
 
 def regroup(profile: dict) -> dict:
@@ -175,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is None or len(args.inputs) != 1:
         ap.error("expected one trace and --steps (or --plot with serving files)")
     args.trace = args.inputs[0]
-    s = summarize(load(args.trace), args.steps)
+    trace = load(args.trace)
+    s = summarize(trace, args.steps)
+    if any(e.get("cat") == "python_function" for e in trace.get("traceEvents", [])):
+        s["host"] = summarize_host(trace, args.steps)
     if args.json:
         args.json.write_text(json.dumps(s, indent=1) + "\n")
     p = s["per_step"]
@@ -183,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{p['launches']:.0f} launches")
     for g, v in s["groups"].items():
         print(f"  {g:32s} {v['us']:9.1f} us {v['launches']:7.1f} launches {100 * v['share']:5.1f} %")
+    if "host" in s:
+        h = s["host"]
+        print(f"host per step: replayssm {h['per_step']['replayssm_us']:.0f} us, waits for the device "
+              f"{h['per_step']['sync_us']:.0f} us ({h['per_step']['syncs']:.1f})")
+        for stage, us in h["stages"].items():
+            print(f"  {stage:32s} {us:9.1f} us")
     return 0
 
 
