@@ -887,7 +887,7 @@ def test_profile_summary_groups_kernels_and_counts_busy_time_once():
         profile_trace.summarize(dict(traceEvents=[]), steps=1)
 
 
-def test_host_summary_times_outermost_calls_and_finds_who_waited_for_the_device():
+def test_host_summary_charges_replayssm_its_own_time_and_finds_who_waited_for_the_device():
     import profile_trace
 
     def py(name, ts, dur, tid=1):
@@ -896,16 +896,18 @@ def test_host_summary_times_outermost_calls_and_finds_who_waited_for_the_device(
     def sync(ts, dur, tid=1, name="cudaStreamSynchronize"):
         return dict(cat="cuda_runtime", name=name, ts=ts, dur=dur, pid=7, tid=tid)
 
-    pool = "replayssm/integrations/sglang/pool.py"
+    pool, hooks = "replayssm/integrations/sglang/pool.py", "replayssm/integrations/sglang/hooks.py"
     trace = dict(traceEvents=[
         py("sglang/srt/managers/scheduler.py(900): run_batch", 0.0, 100.0),
         py("sglang/srt/managers/scheduler.py(950): run_batch", 1.0, 50.0),        # nested: counted once
-        py(f"{pool}(243): on_event", 10.0, 30.0),
-        py("replayssm/graphs.py(70): __call__", 12.0, 20.0),                      # inside on_event: not again
+        py(f"{pool}(243): on_event", 10.0, 30.0),                                  # 10 of its own
+        py("replayssm/graphs.py(70): __call__", 12.0, 20.0),                      # 20, with the torch call
         py("torch/cuda/streams.py(10): synchronize", 14.0, 5.0),
         sync(15.0, 4.0),                                                          # torch frame: its caller
-        py("sglang/srt/model_executor/model_runner.py(1500): _forward_raw", 60.0, 30.0),
-        py(f"{pool}(300): forward_starts", 61.0, 6.0),
+        py(f"{hooks}(190): method", 55.0, 40.0),                                   # a hook around SGLang's:
+        py(f"{pool}(300): forward_starts", 56.0, 6.0),                             # 4 of its own
+        py("sglang/srt/model_executor/model_runner.py(1500): _forward_raw", 62.0, 30.0),
+        py("torch/nn/modules/module.py(1): _call_impl", 63.0, 20.0),              # SGLang's, not replay's
         sync(70.0, 9.0),
         dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=80.0, dur=3.0, pid=7, tid=1),   # no wait
         py("sglang/srt/managers/scheduler.py(1200): process_batch_result", 100.0, 40.0),
@@ -913,10 +915,12 @@ def test_host_summary_times_outermost_calls_and_finds_who_waited_for_the_device(
         sync(0.0, 2.0, tid=3),
         dict(cat="kernel", name="_delta_flush_kernel", ts=0.0, dur=5.0)])
     h = profile_trace.summarize_host(trace, steps=2)
-    assert h["per_step"] == dict(replayssm_us=22.0, sync_us=7.5, syncs=1.5)
+    assert h["per_step"] == dict(replayssm_us=24.0, sync_us=7.5, syncs=1.5)
     assert h["stages"] == dict(run_batch=50.0, process_batch_result=20.0)
-    assert h["replayssm"] == [dict(name=f"{pool}: on_event", us=19.0, calls=1.0),
-                              dict(name=f"{pool}: forward_starts", us=3.0, calls=0.5)]
+    assert h["replayssm"] == [dict(name="replayssm/graphs.py: __call__", us=10.0, calls=0.5),
+                              dict(name=f"{pool}: on_event", us=9.0, calls=1.0),
+                              dict(name=f"{pool}: forward_starts", us=3.0, calls=0.5),
+                              dict(name=f"{hooks}: method", us=2.0, calls=0.5)]
     assert h["syncs"] == [dict(at="sglang/srt/model_executor/model_runner.py(1500): _forward_raw", us=4.5, count=0.5),
                           dict(at="replayssm/graphs.py(70): __call__", us=2.0, count=0.5),
                           dict(at="(no Python frame)", us=1.0, count=0.5)]

@@ -10,7 +10,7 @@ in one of ``GROUPS`` by its name; the summary gives per decode step (the trace's
 by ``--steps``) each group's time and launch count, the GPU's busy time (the union of the kernels'
 intervals) and the span from the first kernel's start to the last one's end, and the kernels of the
 most time. A trace recorded with CPU activity and stacks (``bench_serving.py --profile-host``) also
-gets ``summarize_host``: the host time of replayssm's outermost calls, of SGLang's scheduler stages,
+gets ``summarize_host``: the host time of replayssm's own work, of SGLang's scheduler stages,
 and of the runtime calls that wait for the device, by the Python frame that made them. ``--plot``
 draws the profiled rows of ``bench_serving.py``'s files: kernel time per step by group beside the
 step's wall span.
@@ -104,9 +104,11 @@ def summarize_host(trace: dict, steps: int, top: int = 20) -> dict:
     Python frames of a trace recorded with CPU activity and stacks (``/start_profile`` with
     ``activities=["CPU", "GPU"]`` and ``with_stack``; the Python tracer's own cost is included):
 
-    - ``replayssm``: the outermost calls into replayssm's code (hooks, pool events, steps), their
-      time inclusive of everything below them, per function (``"file: func"``);
-    - ``stages``: the outermost calls of SGLang's scheduler stages (``STAGES``);
+    - ``replayssm``: the time of replayssm's own work, per replayssm function (``"file: func"``): a
+      frame's time less its callees', charged to the innermost replayssm frame above it (torch,
+      Triton's launches and other libraries included), up to SGLang's code, whose calls (the
+      original method around which a hook runs) are not replayssm's;
+    - ``stages``: the outermost calls of SGLang's scheduler stages (``STAGES``), inclusive;
     - ``syncs``: the runtime calls that wait for the device (``SYNCS``), per innermost Python frame
       outside torch that issued them (``"file(line): func"``): a wait on the host of the overlap
       scheduler stalls its next batch's preparation.
@@ -124,27 +126,37 @@ def summarize_host(trace: dict, steps: int, top: int = 20) -> dict:
     for e in events:
         by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
     for thread in by_thread.values():
-        stack: list[tuple[float, dict]] = []               # (end, frame) of the enclosing frames
+        stack: list[list] = []          # the enclosing frames: [end, name, owner, callees' time]
+        owned: list[list] = []          # [frame's time, its stack entry] of the frames replayssm owns
         for e in sorted(thread, key=lambda e: (e["ts"], -e["dur"])):
             while stack and stack[-1][0] <= e["ts"]:
                 stack.pop()
-            frames = [f for _, f in stack]
             if e["cat"] == "cuda_runtime":
-                caller = next((f["name"] for f in reversed(frames) if not f["name"].startswith(("torch/", "<"))),
+                caller = next((name for _, name, _, _ in reversed(stack) if not name.startswith(("torch/", "<"))),
                               "(no Python frame)")
                 slot = syncs.setdefault(caller, [0.0, 0])
                 slot[0] += e["dur"]
                 slot[1] += 1
                 continue
             m = _FRAME.match(e["name"])
-            if m and _REPLAYSSM.search(m["file"]) and not any(_REPLAYSSM.search(f["name"]) for f in frames):
-                slot = replay.setdefault(f"{m['file']}: {m['func']}", [0.0, 0])
-                slot[0] += e["dur"]
-                slot[1] += 1
+            if m and _REPLAYSSM.search(m["file"]):
+                owner = f"{m['file']}: {m['func']}"
+                replay.setdefault(owner, [0.0, 0])[1] += 1
+            elif m and "sglang/" in m["file"]:
+                owner = None
+            else:
+                owner = stack[-1][2] if stack else None
             if m and m["func"] in STAGES and "sglang/" in m["file"] and not any(
-                    f["name"].endswith(f": {m['func']}") for f in frames):
+                    name.endswith(f": {m['func']}") for _, name, _, _ in stack):
                 stages[m["func"]] = stages.get(m["func"], 0.0) + e["dur"]
-            stack.append((e["ts"] + e["dur"], e))
+            if stack:
+                stack[-1][3] += e["dur"]
+            entry = [e["ts"] + e["dur"], e["name"], owner, 0.0]
+            stack.append(entry)
+            if owner is not None:
+                owned.append([e["dur"], entry])
+        for dur, (_, _, owner, callees) in owned:
+            replay[owner][0] += dur - callees
     return dict(
         steps=steps,
         per_step=dict(replayssm_us=sum(t for t, _ in replay.values()) / steps,
