@@ -887,7 +887,7 @@ def test_profile_summary_groups_kernels_and_counts_busy_time_once():
         profile_trace.summarize(dict(traceEvents=[]), steps=1)
 
 
-def test_host_summary_charges_replayssm_its_own_time_and_finds_who_waited_for_the_device():
+def test_host_summary_charges_replayssm_its_own_time_and_finds_who_waited_for_the_device(tmp_path, capsys):
     import profile_trace
 
     def py(name, ts, dur, tid=1):
@@ -924,6 +924,12 @@ def test_host_summary_charges_replayssm_its_own_time_and_finds_who_waited_for_th
     assert h["syncs"] == [dict(at="sglang/srt/model_executor/model_runner.py(1500): _forward_raw", us=4.5, count=0.5),
                           dict(at="replayssm/graphs.py(70): __call__", us=2.0, count=0.5),
                           dict(at="(no Python frame)", us=1.0, count=0.5)]
+    # the command line summarizes a trace's host side when it holds Python frames
+    path = tmp_path / "t.trace.json"
+    path.write_text(json.dumps(trace))
+    assert profile_trace.main([str(path), "--steps", "2", "--json", str(tmp_path / "s.json")]) == 0
+    assert json.loads((tmp_path / "s.json").read_text())["host"] == h
+    assert "host per step: replayssm 24 us, waits for the device 8 us (1.5)" in capsys.readouterr().out
     with pytest.raises(ValueError, match="steps"):
         profile_trace.summarize_host(trace, steps=0)
     with pytest.raises(ValueError, match="python_function"):
