@@ -912,13 +912,15 @@ def test_host_summary_charges_replayssm_its_own_time_and_finds_who_waited_for_th
         dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=80.0, dur=3.0, pid=7, tid=1),   # no wait
         py("sglang/srt/managers/scheduler.py(1200): process_batch_result", 100.0, 40.0),
         py(f"{pool}(243): on_event", 0.0, 8.0, tid=2),                              # another thread
+        py(f"{pool}(243): on_event", 0.0, 10.0, tid=4),                             # a frame that overruns
+        py("sglang/srt/managers/scheduler.py(10): event_loop", 5.0, 20.0, tid=4),  # it is not its callee
         sync(0.0, 2.0, tid=3),
         dict(cat="kernel", name="_delta_flush_kernel", ts=0.0, dur=5.0)])
     h = profile_trace.summarize_host(trace, steps=2)
-    assert h["per_step"] == dict(replayssm_us=24.0, sync_us=7.5, syncs=1.5)
+    assert h["per_step"] == dict(replayssm_us=29.0, sync_us=7.5, syncs=1.5)
     assert h["stages"] == dict(run_batch=50.0, process_batch_result=20.0)
-    assert h["replayssm"] == [dict(name="replayssm/graphs.py: __call__", us=10.0, calls=0.5),
-                              dict(name=f"{pool}: on_event", us=9.0, calls=1.0),
+    assert h["replayssm"] == [dict(name=f"{pool}: on_event", us=14.0, calls=1.5),
+                              dict(name="replayssm/graphs.py: __call__", us=10.0, calls=0.5),
                               dict(name=f"{pool}: forward_starts", us=3.0, calls=0.5),
                               dict(name=f"{hooks}: method", us=2.0, calls=0.5)]
     assert h["syncs"] == [dict(at="sglang/srt/model_executor/model_runner.py(1500): _forward_raw", us=4.5, count=0.5),
@@ -929,7 +931,7 @@ def test_host_summary_charges_replayssm_its_own_time_and_finds_who_waited_for_th
     path.write_text(json.dumps(trace))
     assert profile_trace.main([str(path), "--steps", "2", "--json", str(tmp_path / "s.json")]) == 0
     assert json.loads((tmp_path / "s.json").read_text())["host"] == h
-    assert "host per step: replayssm 24 us, waits for the device 8 us (1.5)" in capsys.readouterr().out
+    assert "host per step: replayssm 29 us, waits for the device 8 us (1.5)" in capsys.readouterr().out
     with pytest.raises(ValueError, match="steps"):
         profile_trace.summarize_host(trace, steps=0)
     with pytest.raises(ValueError, match="python_function"):

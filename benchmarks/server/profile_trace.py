@@ -105,7 +105,8 @@ def summarize_host(trace: dict, steps: int, top: int = 20) -> dict:
     ``activities=["CPU", "GPU"]`` and ``with_stack``; the Python tracer's own cost is included):
 
     - ``replayssm``: the time of replayssm's own work, per replayssm function (``"file: func"``): a
-      frame's time less its callees', charged to the innermost replayssm frame above it (torch,
+      frame's time less its callees' (none below zero; a frame that overruns the frame it starts in
+      is not its callee), charged to the innermost replayssm frame above it (torch,
       Triton's launches and other libraries included), up to SGLang's code, whose calls (the
       original method around which a hook runs) are not replayssm's;
     - ``stages``: the outermost calls of SGLang's scheduler stages (``STAGES``), inclusive;
@@ -129,7 +130,9 @@ def summarize_host(trace: dict, steps: int, top: int = 20) -> dict:
         stack: list[list] = []          # the enclosing frames: [end, name, owner, callees' time]
         owned: list[list] = []          # [frame's time, its stack entry] of the frames replayssm owns
         for e in sorted(thread, key=lambda e: (e["ts"], -e["dur"])):
-            while stack and stack[-1][0] <= e["ts"]:
+            # the enclosing frames are those that contain the event (the tracer's frames cut at the
+            # profile's start or stop, or resumed generators, need not nest)
+            while stack and (stack[-1][0] <= e["ts"] or stack[-1][0] < e["ts"] + e["dur"] - 1e-3):
                 stack.pop()
             if e["cat"] == "cuda_runtime":
                 caller = next((name for _, name, _, _ in reversed(stack) if not name.startswith(("torch/", "<"))),
@@ -156,7 +159,7 @@ def summarize_host(trace: dict, steps: int, top: int = 20) -> dict:
             if owner is not None:
                 owned.append([e["dur"], entry])
         for dur, (_, _, owner, callees) in owned:
-            replay[owner][0] += dur - callees
+            replay[owner][0] += max(0.0, dur - callees)      # callees that overlap one another: none of its own
     return dict(
         steps=steps,
         per_step=dict(replayssm_us=sum(t for t, _ in replay.values()) / steps,
