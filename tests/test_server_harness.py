@@ -958,6 +958,23 @@ def test_profile_regroup_moves_top_kernels_to_the_group_their_name_has_now():
     assert profile_trace.regroup(new) == new
 
 
+def fake_start_profile(log: pathlib.Path, asked: list, events, note=lambda request: request):
+    """A stand-in for ``bench_serving.start_profile``: it appends ``note(request)`` to ``asked``, writes a
+    trace of ``events(request)`` where the request asks, and logs the server's "Profiling done" line."""
+    def start_profile(port, request):
+        asked.append(note(request))
+        folder = pathlib.Path(request["output_dir"])
+        folder.mkdir(parents=True)
+        (folder / "x-TP-0.trace.json").write_text(json.dumps(dict(traceEvents=events(request))))
+        log.write_text(log.read_text() + "Profiling done. Traces are saved to: prof\n")
+
+    return start_profile
+
+
+def kernel_event(name: str, dur: float) -> dict:
+    return dict(cat="kernel", name=name, ts=0.0, dur=dur)
+
+
 def test_profile_waits_for_a_decode_batch_of_every_request():
     import bench_serving
 
@@ -991,15 +1008,8 @@ def test_profiled_load_starts_the_profile_once_every_request_runs(tmp_path, monk
                 self.returncode = 0
             return self.returncode
 
-    def start_profile(port, request):
-        asked.append(request)
-        folder = pathlib.Path(request["output_dir"])
-        folder.mkdir(parents=True)
-        (folder / "decode-TP-0.trace.json").write_text(json.dumps(dict(traceEvents=[
-            dict(cat="kernel", name="_delta_decode_kernel", ts=0.0, dur=4.0)])))
-        log.write_text(log.read_text() + "Profiling done. Traces are saved to: prof\n")
-
-    monkeypatch.setattr(bench_serving, "start_profile", start_profile)
+    monkeypatch.setattr(bench_serving, "start_profile",
+                        fake_start_profile(log, asked, lambda request: [kernel_event("_delta_decode_kernel", 4.0)]))
     monkeypatch.setattr(bench_serving.time, "sleep", lambda s: None)
     client = Client()
     got = bench_serving.profile_load(client, args, 4, 1, str(log), start, tmp_path / "prof", 60)
@@ -1020,17 +1030,10 @@ def test_a_host_profile_records_python_stacks_and_summarizes_the_host(tmp_path, 
     asked = []
     Client = scripted_client(log, {2: "Decode batch, #running-req: 4, gen throughput (token/s): 1.0\n"}, end=5)
 
-    def start_profile(port, request):
-        asked.append(request)
-        folder = pathlib.Path(request["output_dir"])
-        folder.mkdir(parents=True)
-        (folder / "decode-TP-0.trace.json").write_text(json.dumps(dict(traceEvents=[
-            dict(cat="kernel", name="_delta_decode_kernel", ts=0.0, dur=4.0),
-            dict(cat="python_function", name="replayssm/integrations/sglang/gdn.py(40): replay_packed_decode",
-                 ts=0.0, dur=6.0, pid=1, tid=1)])))
-        log.write_text(log.read_text() + "Profiling done. Traces are saved to: prof\n")
-
-    monkeypatch.setattr(bench_serving, "start_profile", start_profile)
+    frame = dict(cat="python_function", name="replayssm/integrations/sglang/gdn.py(40): replay_packed_decode",
+                 ts=0.0, dur=6.0, pid=1, tid=1)
+    monkeypatch.setattr(bench_serving, "start_profile", fake_start_profile(
+        log, asked, lambda request: [kernel_event("_delta_decode_kernel", 4.0), frame]))
     monkeypatch.setattr(bench_serving.time, "sleep", lambda s: None)
     got = bench_serving.profile_load(Client(), args, 4, 1, str(log), 0, tmp_path / "prof", 60)
     assert asked[0]["activities"] == ["CPU", "GPU"] and asked[0]["with_stack"] is True
@@ -1076,16 +1079,12 @@ def test_a_prefill_profile_starts_behind_a_queue_and_the_decode_profile_after_it
 
     Client = scripted_client(log, lines, end=14)
 
-    def start_profile(port, request):
-        asked.append((client.polls, request["profile_id"], request["num_steps"]))
-        folder = pathlib.Path(request["output_dir"])
-        folder.mkdir(parents=True)
+    def events(request):
         name = "_mamba2_flush_kernel" if request["profile_id"] == "prefill" else "_mamba2_decode_kernel"
-        (folder / "x-TP-0.trace.json").write_text(json.dumps(dict(traceEvents=[
-            dict(cat="kernel", name=name, ts=0.0, dur=8.0)])))
-        log.write_text(log.read_text() + "Profiling done. Traces are saved to: prof\n")
+        return [kernel_event(name, 8.0)]
 
-    monkeypatch.setattr(bench_serving, "start_profile", start_profile)
+    monkeypatch.setattr(bench_serving, "start_profile", fake_start_profile(
+        log, asked, events, note=lambda request: (client.polls, request["profile_id"], request["num_steps"])))
     monkeypatch.setattr(bench_serving.time, "sleep", lambda s: None)
     client = Client()
     got = bench_serving.profile_load(client, args, 8, 1, str(log), 0, tmp_path / "prof", 60)
@@ -1121,15 +1120,9 @@ def test_a_prefix_workload_profiles_a_prefill_batch_that_reuses_the_cache(tmp_pa
 
     Client = scripted_client(log, lines, end=9)
 
-    def start_profile(port, request):
-        asked.append((client.polls, request["profile_id"]))
-        folder = pathlib.Path(request["output_dir"])
-        folder.mkdir(parents=True)
-        (folder / "x-TP-0.trace.json").write_text(json.dumps(dict(traceEvents=[
-            dict(cat="kernel", name="_delta_flush_kernel", ts=0.0, dur=8.0)])))
-        log.write_text(log.read_text() + "Profiling done. Traces are saved to: prof\n")
-
-    monkeypatch.setattr(bench_serving, "start_profile", start_profile)
+    monkeypatch.setattr(bench_serving, "start_profile", fake_start_profile(
+        log, asked, lambda request: [kernel_event("_delta_flush_kernel", 8.0)],
+        note=lambda request: (client.polls, request["profile_id"])))
     monkeypatch.setattr(bench_serving.time, "sleep", lambda s: None)
     client = Client()
     got = bench_serving.profile_load(client, args, 8, 1, str(log), 0, tmp_path / "prof", 60)
