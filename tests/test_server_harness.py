@@ -987,8 +987,8 @@ def test_profile_waits_for_a_decode_batch_of_every_request():
 def test_profiled_load_starts_the_profile_once_every_request_runs(tmp_path, monkeypatch):
     import bench_serving
 
-    args = bench_serving.argparse.Namespace(profile_steps=2, profile_prefill=0, concurrency=[1, 4], port=1, workload="decode",
-                                            profile_host=False)
+    args = bench_serving.argparse.Namespace(profile_steps=2, profile_prefill=0, concurrency=[1, 4], port=1,
+                                            workload="decode", profile_host=False)
     log = tmp_path / "log"
     log.write_text("Decode batch, #running-req: 4, #full token: 9, gen throughput (token/s): 1.0, x\n")
     start = log.stat().st_size
@@ -1068,8 +1068,8 @@ def test_a_prefill_profile_starts_behind_a_queue_and_the_decode_profile_after_it
     for every request running, and each phase's trace is summarized over its own steps."""
     import bench_serving
 
-    args = bench_serving.argparse.Namespace(profile_steps=4, profile_prefill=2, concurrency=[8], port=1, workload="decode",
-                                            profile_host=False)
+    args = bench_serving.argparse.Namespace(profile_steps=4, profile_prefill=2, concurrency=[8], port=1,
+                                            workload="decode", profile_host=False)
     log = tmp_path / "log"
     log.write_text("")
     asked = []
@@ -1199,8 +1199,8 @@ def test_profile_plot_draws_every_profiled_row_and_refuses_files_without_one(tmp
 def test_a_failed_profile_ends_the_loads_client(tmp_path, monkeypatch):
     import bench_serving
 
-    args = bench_serving.argparse.Namespace(profile_steps=2, profile_prefill=0, concurrency=[4], port=1, workload="decode",
-                                            profile_host=False)
+    args = bench_serving.argparse.Namespace(profile_steps=2, profile_prefill=0, concurrency=[4], port=1,
+                                            workload="decode", profile_host=False)
     log = tmp_path / "log"
     log.write_text("Decode batch, #running-req: 4, gen throughput (token/s): 1.0\n")
 
