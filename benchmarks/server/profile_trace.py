@@ -99,6 +99,11 @@ _REPLAYSSM = re.compile(r"(^|/)replayssm/")
 _FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<func>.*)$")
 
 
+def has_python_frames(trace: dict) -> bool:
+    """Whether ``trace`` holds the Python tracer's frames (a profile with CPU activity and stacks)."""
+    return any(e.get("cat") == "python_function" for e in trace.get("traceEvents", []))
+
+
 def summarize_host(trace: dict, steps: int, top: int = 20) -> dict:
     """Where the profiled process's host threads spent their time, per profiled step, from the
     Python frames of a trace recorded with CPU activity and stacks (``/start_profile`` with
@@ -116,10 +121,10 @@ def summarize_host(trace: dict, steps: int, top: int = 20) -> dict:
     """
     if steps < 1:
         raise ValueError(f"steps: expected a positive count of profiled steps, got {steps}")
-    events = [e for e in trace.get("traceEvents", []) if "dur" in e and (
-        e.get("cat") == "python_function" or (e.get("cat") == "cuda_runtime" and SYNCS.match(e.get("name", ""))))]
-    if not any(e["cat"] == "python_function" for e in events):
+    if not has_python_frames(trace):
         raise ValueError("trace: no python_function events (was the profile started with CPU activity and with_stack?)")
+    events = [e for e in trace["traceEvents"] if "dur" in e and (
+        e.get("cat") == "python_function" or (e.get("cat") == "cuda_runtime" and SYNCS.match(e.get("name", ""))))]
     replay: dict[str, list[float]] = {}
     stages: dict[str, float] = {}
     syncs: dict[str, list[float]] = {}
@@ -261,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     args.trace = args.inputs[0]
     trace = load(args.trace)
     s = summarize(trace, args.steps)
-    if any(e.get("cat") == "python_function" for e in trace.get("traceEvents", [])):
+    if has_python_frames(trace):
         s["host"] = summarize_host(trace, args.steps)
     if args.json:
         args.json.write_text(json.dumps(s, indent=1) + "\n")
