@@ -604,10 +604,16 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
             return self.returncode
 
     monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
+    # the host's listen counters, read before and after each load: 3 overflows in the second load
+    counts = iter([0, 0, 0, 3, 3, 3, 3, 3])
+    monkeypatch.setattr(bench_serving, "host_listen_state", lambda: dict(
+        ListenOverflows=(n := next(counts)), ListenDrops=n + 1, somaxconn=128))
     emitted = []
     with open(tmp_path / "log", "w") as log:
         rows = bench_serving.serve_and_measure("kimi-linear", tmp_path, "replay-nvfp4", "no_buffer", args, log,
                                                check_server.Deadline(None), emit=lambda r: emitted.append(list(r)))
+        assert [(r["listen_overflows"], r["listen_drops"], r["somaxconn"]) for r in rows] == [
+            (0, 0, 128), (3, 3, 128), (0, 0, 128), (0, 0, 128)]
         # every concurrency's loads in turn on the one server
         assert [(r["concurrency"], r["load"], r["output_throughput"]) for r in rows] == [
             (1, 1, 10.0), (1, 2, 10.0), (4, 1, 40.0), (4, 2, 40.0)]
@@ -700,6 +706,21 @@ def test_serving_records_a_failed_loads_concurrency_and_says_when_the_deadline_c
     # the failed load's row names its load, so a later run of that load replaces it
     assert [(r["concurrency"], r["output_throughput"]) for r in bench_serving.merge([first, later])["rows"]] == [
         (2, 20.0), (4, 40.0)]
+
+
+def test_listen_counters_read_the_kernels_tcpext_pair_of_lines():
+    import bench_serving
+
+    netstat = ("TcpExt: SyncookiesSent ListenOverflows ListenDrops TCPHPHits\n"
+               "TcpExt: 1 17 19 4\n"
+               "IpExt: InNoRoutes ListenOverflows\n"
+               "IpExt: 5 6\n")
+    assert bench_serving.listen_counters(netstat) == dict(ListenOverflows=17, ListenDrops=19)
+    assert bench_serving.listen_counters("IpExt: ListenOverflows ListenDrops\nIpExt: 1 2\n") == {}
+    assert bench_serving.listen_fields({}, dict(ListenOverflows=1, ListenDrops=1, somaxconn=4096)) == {}
+    # this host's own counters, where it has them, have the same form
+    state = bench_serving.host_listen_state()
+    assert not state or (set(state) == {"ListenOverflows", "ListenDrops", "somaxconn"} and state["somaxconn"] > 0)
 
 
 def test_server_rates_read_full_prefill_batches_and_full_decode_batches():

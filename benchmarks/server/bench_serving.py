@@ -36,8 +36,10 @@ cache report), for each radix strategy of ``--radix-strategies``.
 Written to ``DIR/serving-<model>.json`` (``serving-<model>-mtp.json`` with ``--speculative mtp``): one
 row per (variant, radix strategy, concurrency) with output tokens/s, median and p99 inter-token
 latency and time to first token, the client's cache hit rate where reported, the server's own prefill
-and decode rates during the load (with ``--server-log-level info``; see ``server_rates``), and the run's
-versions; ``DIR/serving.png`` plots tokens/s against concurrency per model; server logs go to
+and decode rates during the load (with ``--server-log-level info``; see ``server_rates``), the
+connections the host's kernel dropped during the load because a listen queue was full
+(``listen_overflows``, with the host's ``somaxconn``: the client's retry of such a connection
+waits a second or more), and the run's versions; ``DIR/serving.png`` plots tokens/s against concurrency per model; server logs go to
 ``DIR/servers.log``. A variant a model's family cannot serve (SGLang's own replay on Mamba-2) is
 skipped, and a server that fails is recorded with its error.
 
@@ -339,6 +341,40 @@ def _profile_load(client, args, concurrency, load, log_name, log_start, folder, 
     return results
 
 
+def listen_counters(netstat: str) -> dict:
+    """The kernel's ``TcpExt`` counters ``ListenOverflows`` (connections that found a listen queue
+    full) and ``ListenDrops`` (those and the others a listening socket dropped) from the text of
+    ``/proc/net/netstat`` (pairs of lines, ``TcpExt:`` names then ``TcpExt:`` values); {} where the
+    text has no such pair."""
+    lines = [line.split() for line in netstat.splitlines() if line.startswith("TcpExt:")]
+    for names, values in zip(lines[::2], lines[1::2]):
+        found = dict(zip(names[1:], values[1:]))
+        if "ListenOverflows" in found and "ListenDrops" in found:
+            return {k: int(found[k]) for k in ("ListenOverflows", "ListenDrops")}
+    return {}
+
+
+def host_listen_state() -> dict:
+    """``listen_counters`` of this host and its ``net.core.somaxconn`` (the cap on a listen queue's
+    length) as ``somaxconn``; {} where ``/proc`` does not have them."""
+    try:
+        state = listen_counters(pathlib.Path("/proc/net/netstat").read_text())
+        state["somaxconn"] = int(pathlib.Path("/proc/sys/net/core/somaxconn").read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if "ListenOverflows" in state else {}
+
+
+def listen_fields(before: dict, after: dict) -> dict:
+    """A load's row fields from ``host_listen_state`` before and after it: ``listen_overflows`` and
+    ``listen_drops`` over the load (host-wide; the server is the only listener the load connects
+    to) and the host's ``somaxconn``; {} where either state is missing."""
+    if not before or not after:
+        return {}
+    return dict(listen_overflows=after["ListenOverflows"] - before["ListenOverflows"],
+                listen_drops=after["ListenDrops"] - before["ListenDrops"], somaxconn=after["somaxconn"])
+
+
 def row_from(out_file: pathlib.Path) -> dict:
     """The measurements of the client's last result line in ``out_file``."""
     result = json.loads(out_file.read_text().strip().splitlines()[-1])
@@ -394,13 +430,15 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
             with tempfile.TemporaryDirectory() as tmp:
                 out_file = pathlib.Path(tmp) / "result.jsonl"
                 t1 = time.time()
+                listen = host_listen_state()
                 client = subprocess.Popen(client_command(args.port, model_dir, c, out_file, args), stdout=log,
                                           stderr=subprocess.STDOUT)
                 profiled = profile_load(client, args, c, load, log.name, log_start, pathlib.Path(tmp) / "profile",
                                         deadline.left(args.load_timeout))
                 if client.returncode != 0 or not out_file.exists():
                     raise RuntimeError(f"the client exited with {client.returncode} at concurrency {c}")
-                row = dict(base, concurrency=c, load=load, **row_from(out_file))
+                row = dict(base, concurrency=c, load=load, **row_from(out_file),
+                           **listen_fields(listen, host_listen_state()))
                 if "decode" in profiled:
                     row["profile"] = profiled["decode"]
                 if "prefill" in profiled:
@@ -416,7 +454,9 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
             emit(rows)
             print(f"{model} {variant} ({label}) concurrency {c} load {load}: "
                   f"{row.get('output_throughput', 0):.0f} tok/s, ITL median {row.get('median_itl_ms', 0):.2f} ms, "
-                  f"TTFT median {row.get('median_ttft_ms', 0):.0f} ms ({time.time() - t1:.0f} s)", flush=True)
+                  f"TTFT median {row.get('median_ttft_ms', 0):.0f} ms ({time.time() - t1:.0f} s)"
+                  + (f"; {row['listen_overflows']} connections found the listen queue full (somaxconn "
+                     f"{row['somaxconn']})" if row.get("listen_overflows") else ""), flush=True)
     except Exception as e:                      # noqa: BLE001 - recorded; the next variant runs
         rows.append(dict(base, **current, error=f"{type(e).__name__}: {e}"))
         emit(rows)
