@@ -83,6 +83,58 @@ def test_graphed_verbs_equal_the_verbs(family, fmt):
     assert graphs.enabled == CUDA
 
 
+@pytest.mark.parametrize("family", ["mamba2", "gdn"] if CUDA else ["gdn"])
+def test_a_prepared_stream_replays_every_event_from_its_first(family):
+    """``prepare`` records every (verb, layer, bucket) of the stream without changing the pool; a
+    Mamba-2 flush waits for its layers' A. Every event after it, on every layer and bucket, is a
+    replay that leaves the pool as the verb does."""
+    spec = SPECS[family]
+    pools = [rs.StatePool(spec, rs.ReplayConfig(window=4, read_format="nvfp4"), num_layers=2, num_slots=9,
+                          device=DEVICE, backend="triton") for _ in range(2)]
+    slots = [p.alloc(7) for p in pools]
+    eager, graphed = pools
+    graphs = VerbGraphs(graphed, max_rows=8)
+    gen = torch.Generator().manual_seed(5)
+    params = Params(spec, 2, gen)
+
+    def steps(count):
+        for _ in range(count):
+            for layer in range(2):
+                inp = make_inputs(spec, params, layer, 7, None, gen, device=DEVICE)
+                if family == "mamba2":
+                    inp["A"] = params.A[layer].to(DEVICE)
+                for pool, s in zip(pools, slots):
+                    rs.decode(pool, layer, s, checked=False, **inp)
+
+    keys = 2 * 3 * 4                                              # verbs x (every layer, 0, 1) x buckets 1..8
+    first = graphs.prepare()
+    if family == "mamba2":                                        # before a step no layer has its A
+        assert first == (keys // 2 if CUDA else 0)
+    steps(2)
+    second = graphs.prepare()
+    assert first + second == (keys if CUDA else 0) and graphs.prepare() == 0
+    _same(eager, graphed)
+    events = [("flush", [3], None), ("flush", [0, 6, 2], 1), ("refresh", [1, 4], 0), ("flush", list(range(7)), 0),
+              ("refresh", [2, 3, 5, 6, 0], None), ("flush", [1, 2], None)]
+    if not CUDA:                                                  # the eager fallback, in the interpreter
+        events = events[:2]
+    for verb, rows, layer in events:
+        getattr(eager, verb)(slots[0][rows], layer=layer, checked=False)
+        graphs(verb, slots[1][rows], layer)
+        _same(eager, graphed)
+        steps(1)
+    assert graphs.replays == (len(events) if CUDA else 0)
+
+
+def test_ahead_prepares_a_stream_at_its_first_call():
+    spec = SPECS["gdn"]
+    pool = rs.StatePool(spec, rs.ReplayConfig(window=4), num_layers=2, num_slots=4, device=DEVICE, backend="triton")
+    graphs = VerbGraphs(pool, max_rows=4, ahead=True)
+    graphs("flush", pool.alloc(1))
+    # the call itself replayed, from the keys recorded ahead of it; nothing is left to record
+    assert graphs.replays == (1 if CUDA else 0) and graphs.prepare() == 0
+
+
 def test_graphed_verbs_refuse_what_the_verbs_do_not_take():
     spec = SPECS["gdn"]
     pool = rs.StatePool(spec, rs.ReplayConfig(window=4), num_layers=1, num_slots=4, device=DEVICE, backend="triton")

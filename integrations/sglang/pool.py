@@ -118,7 +118,9 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
         Attributes:
             replay: the ``StatePool`` over ``mamba_cache.temporal`` (``num_slots = size + 1``).
             replay_graphs: ``VerbGraphs`` of ``replay``: the unchecked slot events replay from CUDA
-                graphs (SGLang issues most of them one request at a time, over every layer).
+                graphs (SGLang issues most of them one request at a time, over every layer). Each
+                stream's graphs are recorded at once, by its first forward or event (the server's
+                warm-up request), not one by one as traffic first needs them.
             forward_stream: the CUDA stream the last forward ran on (recorded as it starts), after
                 whose work the scheduler thread's slot events run (``after_forwards``); None until
                 one ran on CUDA.
@@ -173,7 +175,7 @@ def pool_class(cfg: ReplayConfig, backend: str = "auto"):
                      "ring, read copy and cursors %.2f GB beside SGLang's state; no per-draft state snapshots",
                      temporal.shape[1], temporal.shape[0], self.replay.cfg.window, self.replay.cfg.max_draft_tokens,
                      self.replay.cfg.read_format, side * temporal.shape[0] * temporal.shape[1] / 2 ** 30)
-            self.replay_graphs = VerbGraphs(self.replay)
+            self.replay_graphs = VerbGraphs(self.replay, ahead=True)
             self.forward_stream = None
             self.donations = []
             self.donations_lock = threading.Lock()
@@ -355,12 +357,15 @@ def after_forwards(event: str, mamba_pool, indices: torch.Tensor | None) -> None
 
 
 def forward_starts(owner) -> None:
-    """A forward starts on ``owner``'s pool: the stream it runs on is recorded (CUDA pools only), and
-    the tree donations since the last forward are flushed on it, before the forward's work."""
+    """A forward starts on ``owner``'s pool: the stream it runs on is recorded (CUDA pools only), its
+    slot-event graphs are recorded if they are not yet (``VerbGraphs.prepare``: the first forward
+    outside a capture, the server's warm-up), and the tree donations since the last forward are
+    flushed on it, before the forward's work."""
     if owner.replay.device.type == "cuda":
         owner.forward_stream = torch.cuda.current_stream(owner.replay.device)
         if torch.cuda.is_current_stream_capturing():
             return
+        owner.replay_graphs.prepare()
     drain_donations(owner)
 
 
