@@ -565,7 +565,7 @@ def serving_args(**overrides):
         port=1, concurrency=[1, 4], input_len=8, output_len=4, workload="decode", no_prefill_graph=False,
         mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=5, weights="sglang-dummy",
         speculative="none", repeat=1, server_log_level="warning", request_rate=None, profile_steps=0,
-        profile_prefill=0, profile_host=False) | overrides)
+        profile_prefill=0, profile_host=False, freeze_gc=False) | overrides)
 
 
 def fake_servers(monkeypatch) -> list:
@@ -623,6 +623,34 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
         late = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "no_buffer", args, log,
                                                check_server.Deadline(10), emit=lambda r: None)
     assert len(servers) == 1 and late[0]["error"].startswith("not started")
+
+
+def test_freeze_gc_freezes_each_server_once_it_is_ready_and_the_rows_say_so(tmp_path, monkeypatch):
+    import bench_serving
+
+    fake_servers(monkeypatch)
+    frozen = []
+    monkeypatch.setattr(bench_serving, "freeze_gc", lambda port: frozen.append(port))
+
+    class Client:
+        def __init__(self, cmd, **kw):
+            # the server was frozen before the load's client started
+            assert frozen == [7]
+            out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
+            out.write_text(json.dumps(dict(output_throughput=1.0, median_itl_ms=2.0)) + "\n")
+            self.returncode = 0
+
+        def poll(self):
+            return self.returncode
+
+    monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
+    with open(tmp_path / "log", "w") as log:
+        rows = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "no_buffer",
+                                               serving_args(port=7, freeze_gc=True), log, check_server.Deadline(None))
+        assert frozen == [7] and [r["freeze_gc"] for r in rows] == [True, True]
+        rows = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "no_buffer",
+                                               serving_args(port=7), log, check_server.Deadline(None))
+    assert frozen == [7] and not any("freeze_gc" in r for r in rows)
 
 
 def test_a_profile_that_never_starts_keeps_the_loads_row(tmp_path, monkeypatch):

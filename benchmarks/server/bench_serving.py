@@ -54,6 +54,10 @@ falls on that load's figures; the server's rates leave out the profiled batches.
 records these profiles with CPU activity and Python stacks too, and adds to each profiled phase's
 summary (``host``) where the scheduler's host time went (``profile_trace.summarize_host``).
 
+``--freeze-gc`` freezes each server's garbage collector once it is ready (SGLang's ``/freeze_gc``,
+what SGLang advises after warm-up): without it a full collection in the server's HTTP process (some
+700,000 objects, a few hundred ms) can fall inside a load and hold every arriving request.
+
 ``--table JSON...`` prints the rows as markdown with their ratios to SGLang's and SGLang's replay's;
 ``--merge JSON... --merged FILE`` joins several runs of one model into one file (each row keeps its
 run's versions and commit).
@@ -251,6 +255,16 @@ def cached_prefill(log_text: str, concurrency: int) -> bool:
     return any(int(c) > 0 and 4 * int(r) >= concurrency for c, r in _CACHED.findall(log_text))
 
 
+def freeze_gc(port: int) -> None:
+    """SGLang's ``POST /freeze_gc``: the server's HTTP, scheduler and detokenizer processes move every
+    object they hold to Python's permanent generation (``gc.freeze``), so that a full collection
+    no longer walks them; RuntimeError unless it answers 200."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/freeze_gc", data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        if r.status != 200:
+            raise RuntimeError(f"/freeze_gc answered {r.status}: {r.read()[:200]!r}")
+
+
 def start_profile(port: int, request: dict) -> None:
     """SGLang's ``POST /start_profile`` (its ``ProfileReq`` fields); RuntimeError unless it answers 200."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}/start_profile", data=json.dumps(request).encode(),
@@ -412,6 +426,9 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
         proc = check_server.launch(cmd, args.port, log, check_server.server_env(args))
         check_server.wait_ready(proc, args.port, deadline.left(args.start_timeout), log.name, server_start)
         print(f"{model} {variant} ({label}): ready in {time.time() - t0:.0f} s", flush=True)
+        if args.freeze_gc:
+            freeze_gc(args.port)
+            base["freeze_gc"] = True
         with open(log.name, "rb") as f:
             f.seek(server_start)
             memory = server_memory(f.read().decode(errors="replace"))
@@ -639,6 +656,10 @@ def main(argv: list[str] | None = None) -> int:
                          "summary gains the host time of replayssm's calls, of SGLang's scheduler stages and of the "
                          "waits for the device (profile_trace.summarize_host); the Python tracer slows the host "
                          "through the profiled steps")
+    ap.add_argument("--freeze-gc", action="store_true",
+                    help="once each server is ready (after its warm-up request), freeze its processes' garbage "
+                         "collector (SGLang's /freeze_gc): a full collection of the HTTP process's objects takes "
+                         "a few hundred ms, during which it takes no request (the rows record it)")
     ap.add_argument("--draft-tokens", type=int, default=4, help="tokens per verify, the bonus token included")
     ap.add_argument("--groups", type=int, default=8, help="prefix workload: distinct shared prefixes")
     ap.add_argument("--prompts-per-group", type=int, default=32)
