@@ -39,9 +39,10 @@ latency and time to first token, the client's cache hit rate where reported, the
 and decode rates during the load (with ``--server-log-level info``; see ``server_rates``), the
 connections the host's kernel dropped during the load because a listen queue was full
 (``listen_overflows``, with the host's ``somaxconn``: the client's retry of such a connection
-waits a second or more), and the run's versions; ``DIR/serving.png`` plots tokens/s against concurrency per model; server logs go to
-``DIR/servers.log``. A variant a model's family cannot serve (SGLang's own replay on Mamba-2) is
-skipped, and a server that fails is recorded with its error.
+waits a second or more), and the run's versions; ``DIR/serving.png`` plots tokens/s against
+concurrency per model; server logs go to ``DIR/servers.log``. A variant a model's family cannot
+serve (SGLang's own replay on Mamba-2) is skipped, and a server that fails is recorded with its
+error.
 
 ``--profile-steps N`` (with ``--server-log-level info``) profiles N decode steps of the first load at the
 largest concurrency once all its requests run (SGLang's ``/start_profile``, GPU kernels only) and adds
@@ -55,8 +56,9 @@ records these profiles with CPU activity and Python stacks too, and adds to each
 summary (``host``) where the scheduler's host time went (``profile_trace.summarize_host``).
 
 ``--freeze-gc`` freezes each server's garbage collector once it is ready (SGLang's ``/freeze_gc``,
-what SGLang advises after warm-up): without it a full collection in the server's HTTP process (some
-700,000 objects, a few hundred ms) can fall inside a load and hold every arriving request.
+what SGLang advises after warm-up): without it a full collection in the server's HTTP process
+(SGLang 0.5.23's imports alone leave some 730,000 objects to walk: half a second on a slow CPU)
+can fall inside a load and hold every arriving request.
 
 ``--table JSON...`` prints the rows as markdown with their ratios to SGLang's and SGLang's replay's;
 ``--merge JSON... --merged FILE`` joins several runs of one model into one file (each row keeps its
