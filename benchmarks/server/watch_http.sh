@@ -40,7 +40,7 @@ queue() {
 server_pid() {
     local d
     for d in /proc/[0-9]*; do
-        tr '\0' ' ' < "$d/cmdline" 2>/dev/null | grep -q -- "launch_server.* --port $port " && { echo "${d#/proc/}"; return; }
+        tr '\0' ' ' 2> /dev/null < "$d/cmdline" | grep -q -- "launch_server.* --port $port " && { echo "${d#/proc/}"; return; }
     done
 }
 
