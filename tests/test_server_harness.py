@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -1301,3 +1302,36 @@ def test_a_server_that_exits_before_it_is_ready_is_reported_with_its_own_error(t
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"])
     with pytest.raises(RuntimeError, match=r"^server exited with 1 before it was ready$"):
         check_server.wait_ready(proc, port, 60, str(log), log.stat().st_size)
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/net/tcp").exists(), reason="reads Linux's /proc")
+def test_watch_http_samples_the_connections_a_busy_server_has_not_taken(tmp_path):
+    """``watch_http.sh`` beside a listener that accepts nothing: the connections made to it wait in
+    its listen queue, and the samples count them; the host's limits are written down."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # a stand-in for the server's process (its command line names launch_server and the port), busy
+    server = subprocess.Popen([sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
+                               "s.bind(('127.0.0.1', int(sys.argv[3]))); s.listen(8); print(flush=True); "
+                               "time.sleep(30)", "launch_server", "--port", str(port)], stdout=subprocess.PIPE)
+    clients = []
+    try:
+        server.stdout.readline()                                  # listening
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        subprocess.run(["bash", str(ROOT / "benchmarks" / "server" / "watch_http.sh"), str(port), str(tmp_path)],
+                       env=dict(os.environ, STOP_AFTER="2"), timeout=30, check=True)
+    finally:
+        server.kill()
+        server.wait()
+        for c in clients:
+            c.close()
+    samples = [line.split() for line in (tmp_path / "listen.tsv").read_text().splitlines()]
+    assert samples and all(len(s) == 3 and float(s[0]) > 0 for s in samples)
+    assert {s[1] for s in samples} == {"3"}                       # three waiting, in every sample
+    host = (tmp_path / "host.txt").read_text()
+    assert "net/core/somaxconn " in host and "kernel " in host
+    if shutil.which("py-spy"):                                    # the stand-in's stacks, under their headers
+        assert f"launch_server --port {port}" in (tmp_path / "http-stacks.txt").read_text()
+    else:
+        assert not (tmp_path / "http-stacks.txt").exists()
