@@ -508,11 +508,13 @@ def test_serving_server_flags_are_sglang_0517s_and_capture_the_loads_batch_sizes
              "a = p.parse_args(sys.argv[1:])\n"
              "try:\n    ServerArgs._handle_linear_attn_backend(a)\n"
              "except ValueError as e:\n    print('refused:', e)\n    sys.exit(0)\n"
-             "print(a.cuda_graph_bs_decode, a.mamba_radix_cache_strategy, "
-             "a.speculative_algorithm, a.speculative_num_draft_tokens, a.enable_linear_replayssm_spec)\n")
+             "print(a.cuda_graph_bs_decode, a.mamba_radix_cache_strategy, a.speculative_algorithm, "
+             "a.speculative_num_draft_tokens, a.enable_linear_replayssm_spec, a.gc_warning_threshold_secs)\n")
     env = {**os.environ, "PYTHONPATH": str(site)}
-    for given, printed in ((flags, ["256]", "no_buffer", "None", "None", "False"]),
-                           (spec, ["256]", "no_buffer", "NEXTN", "4", "True"]),
+    # (the HTTP process logs its garbage collections longer than LONG_GC_S)
+    gc_s = str(bench_serving.LONG_GC_S)
+    for given, printed in ((flags, ["256]", "no_buffer", "None", "None", "False", gc_s]),
+                           (spec, ["256]", "no_buffer", "NEXTN", "4", "True", gc_s]),
                            (["--enable-linear-replayssm", *spec], None)):
         out = subprocess.run([sys.executable, "-c", probe, *given], capture_output=True, text=True, timeout=300,
                              env=env)
@@ -521,7 +523,7 @@ def test_serving_server_flags_are_sglang_0517s_and_capture_the_loads_batch_sizes
             assert "refused:" in out.stdout and "mutually exclusive" in out.stdout, out.stdout[-2000:]
         else:
             assert "refused:" not in out.stdout, out.stdout[-2000:]
-            assert out.stdout.split()[-5:] == printed
+            assert out.stdout.split()[-6:] == printed
 
 
 def test_launch_refuses_a_port_something_listens_on(tmp_path):
@@ -598,6 +600,9 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
             for rate in (f"{c}.0", f"{c}.5"):
                 kw["stdout"].write(f"Decode batch, #running-req: {c}, #full token: 9, gen throughput (token/s): {rate}, "
                                    "x\n")
+            if c == 4:                                            # SGLang 0.5.17's long-collection warning
+                kw["stdout"].write("[t] LONG GARBAGE COLLECTION DETECTED | Generation 2 | Duration: 0.4712s | # Objects: "
+                                   "gen0=1, gen1=2, gen2=3 | This may cause latency jitter.\n")
             kw["stdout"].flush()
             self.returncode = 0
 
@@ -618,8 +623,9 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
         # every concurrency's loads in turn on the one server
         assert [(r["concurrency"], r["load"], r["output_throughput"]) for r in rows] == [
             (1, 1, 10.0), (1, 2, 10.0), (4, 1, 40.0), (4, 2, 40.0)]
-        # each load's server rates come from its own part of the log, not an earlier load's
+        # each load's server rates and long collections come from its own part of the log, not an earlier load's
         assert [r["decode_tokens_per_s"] for r in rows] == [1.5, 1.5, 4.5, 4.5]
+        assert [r["long_collections"] for r in rows] == [[], [], [[2, 0.4712]], [[2, 0.4712]]]
         assert [len(r) for r in emitted] == [1, 2, 3, 4] and servers[-1].poll() is not None
         late = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "no_buffer", args, log,
                                                check_server.Deadline(10), emit=lambda r: None)

@@ -39,7 +39,9 @@ latency and time to first token, the client's cache hit rate where reported, the
 and decode rates during the load (with ``--server-log-level info``; see ``server_rates``), the
 connections the host's kernel dropped during the load because a listen queue was full
 (``listen_overflows``, with the host's ``somaxconn``: the client's retry of such a connection
-waits a second or more), and the run's versions; ``DIR/serving.png`` plots tokens/s against
+waits a second or more), the garbage collections longer than 50 ms in the server's HTTP process
+during the load (``long_collections``: each holds every request that process serves), and the
+run's versions; ``DIR/serving.png`` plots tokens/s against
 concurrency per model; server logs go to ``DIR/servers.log``. A variant a model's family cannot
 serve (SGLang's own replay on Mamba-2) is skipped, and a server that fails is recorded with its
 error.
@@ -122,6 +124,11 @@ def write_tokenizer(folder: pathlib.Path, vocab_size: int) -> None:
         tokenizer_class="PreTrainedTokenizerFast", model_max_length=32768, unk_token="t0", pad_token="t0")) + "\n")
 
 
+# a garbage collection in the server's HTTP process longer than this is logged (SGLang's
+# --gc-warning-threshold-secs) and recorded in the load's row (``long_collections``)
+LONG_GC_S = 0.05
+
+
 def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str, args, overlap: bool = False) -> list[str]:
     """SGLang flags every variant shares at one radix strategy, with SGLang's overlap scheduler on or off
     (the launcher adds what replay needs)."""
@@ -140,6 +147,7 @@ def server_flags(model_dir: pathlib.Path, family: str, port: int, strategy: str,
              "--context-length", str(args.prefix_len + args.question_len + args.output_len + 64
                                      if args.workload == "prefix" else args.input_len + args.output_len + 64),
              "--random-seed", "0", "--mamba-radix-cache-strategy", strategy,
+             "--gc-warning-threshold-secs", str(LONG_GC_S),
              *([] if overlap else ["--disable-overlap-schedule"]), "--log-level", args.server_log_level]
     if args.no_prefill_graph:
         flags += ["--disable-prefill-cuda-graph"]
@@ -206,6 +214,15 @@ def server_rates(log_text: str, concurrency: int) -> dict:
     if decode:
         rates["decode_tokens_per_s"] = statistics.median(decode)
     return rates
+
+
+_LONG_GC = re.compile(r"LONG GARBAGE COLLECTION DETECTED \| Generation (\d) \| Duration: ([\d.]+)s")
+
+
+def long_collections(log_text: str) -> list[list]:
+    """The garbage collections longer than ``LONG_GC_S`` the server's HTTP process logged (SGLang's
+    long-collection warning), each ``[generation, seconds]``, in log order."""
+    return [[int(g), float(d)] for g, d in _LONG_GC.findall(log_text)]
 
 
 # what a server allocated at start (its INFO log: SGLang 0.5.17's mamba pool and scheduler lines,
@@ -468,7 +485,9 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                           f"{profiled['missed']}", flush=True)
             with open(log.name, "rb") as f:
                 f.seek(log_start)
-                row |= server_rates(f.read().decode(errors="replace"), c)
+                text = f.read().decode(errors="replace")
+            row |= server_rates(text, c)
+            row["long_collections"] = long_collections(text)
             rows.append(row)
             emit(rows)
             print(f"{model} {variant} ({label}) concurrency {c} load {load}: "
