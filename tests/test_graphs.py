@@ -24,6 +24,18 @@ def _same(a: rs.StatePool, b: rs.StatePool) -> None:
     assert torch.equal(a.checkpoint, b.checkpoint)
 
 
+def _steps(pools, slots, spec, params, gen, A, count: int) -> None:
+    """``count`` unchecked decode steps of both layers, the same random inputs on every pool (its
+    ``slots``); Mamba-2 with the per-layer ``A`` tensors given (None otherwise)."""
+    for _ in range(count):
+        for layer in range(2):
+            inp = make_inputs(spec, params, layer, 7, None, gen, device=DEVICE)
+            if A is not None:
+                inp["A"] = A[layer]
+            for pool, s in zip(pools, slots):
+                rs.decode(pool, layer, s, checked=False, **inp)
+
+
 # on a CPU the graphs do not run (the eager fallback, in the interpreter): one case
 CASES = [("mamba2", "nvfp4"), ("gdn", "nvfp4"), ("kda", "fp8"), ("gdn", "checkpoint")] if CUDA else [("gdn", "nvfp4")]
 
@@ -41,13 +53,7 @@ def test_graphed_verbs_equal_the_verbs(family, fmt):
     A = [params.A[layer].to(DEVICE) for layer in range(2)] if family == "mamba2" else None
 
     def steps(count):
-        for _ in range(count):
-            for layer in range(2):
-                inp = make_inputs(spec, params, layer, 7, None, gen, device=DEVICE)
-                if A is not None:
-                    inp["A"] = A[layer]
-                for pool, s in zip(pools, slots):
-                    rs.decode(pool, layer, s, checked=False, **inp)
+        _steps(pools, slots, spec, params, gen, A, count)
 
     def event(verb, rows, layer=None):
         getattr(eager, verb)(slots[0][rows], layer=layer, checked=False)
@@ -99,13 +105,7 @@ def test_a_prepared_stream_replays_every_event_from_its_first(family):
     A = [params.A[layer].to(DEVICE) for layer in range(2)] if family == "mamba2" else None   # one address each
 
     def steps(count):
-        for _ in range(count):
-            for layer in range(2):
-                inp = make_inputs(spec, params, layer, 7, None, gen, device=DEVICE)
-                if A is not None:
-                    inp["A"] = A[layer]
-                for pool, s in zip(pools, slots):
-                    rs.decode(pool, layer, s, checked=False, **inp)
+        _steps(pools, slots, spec, params, gen, A, count)
 
     keys = 2 * 3 * 4                                              # verbs x (every layer, 0, 1) x buckets 1..8
     first = graphs.prepare()
