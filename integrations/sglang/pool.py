@@ -365,7 +365,7 @@ def forward_starts(owner) -> None:
         owner.forward_stream = torch.cuda.current_stream(owner.replay.device)
         if torch.cuda.is_current_stream_capturing():
             return
-        owner.replay_graphs.prepare()
+        owner.replay_graphs.prepare(owner.forward_stream)
     drain_donations(owner)
 
 
