@@ -43,6 +43,7 @@ import replayssm as rs  # noqa: E402
 from floors import read_floor, rw_floor  # noqa: E402
 from replayssm.kernels import ops  # noqa: E402
 from replayssm.kernels.formats.triton import CKPT_CODES, READ_CODES  # noqa: E402
+from report import sglang_amortized  # noqa: E402
 from shapes import BATCHES, MODEL_SPECS, WINDOW  # noqa: E402
 from snapshot_mamba2 import snapshot_verify  # noqa: E402
 
@@ -355,17 +356,20 @@ def bench_layout(name, spec, batch, layout, rf):
 
 def print_summary():
     """GDN / KDA amortized steps side by side: each layout and read format, and SGLang's replay kernel
-    ((15 x w=7 + flush) / 16, the same window on its [S, HV, V, K] state) from the same run."""
+    over the same window on its [S, HV, V, K] state (``report.sglang_amortized``: 15 x the mean of
+    w = 0, 7, 14, plus one flush, / 16, as BENCHMARKS.md's tables price it) from the same run."""
     if not SUMMARY:
         return
     cols = [f"{lay} {rf}" for lay in ("kv", "vk") for rf in ("checkpoint", "fp8", "nvfp4")]
-    print("\namortized us per step (16-step window); sglang: (15 x w=7 + flush) / 16")
+    print("\namortized us per step (16-step window); sglang: (15 x mean(w=0, 7, 14) + flush) / 16")
     print(f"{'model':13s} {'batch':>5s} " + " ".join(f"{c:>14s}" for c in cols) + f" {'sglang replay':>14s}")
-    by = {(r["model"], r["batch"], r["what"]): r["us"] for r in RESULTS}
+    by = {}
+    for r in RESULTS:
+        by.setdefault((r["model"], r["batch"]), {})[r["what"]] = r
     for row in SUMMARY:
         m, b = row["model"], row["batch"]
-        nf, fl = by.get((m, b, "peer sglang replay w=7")), by.get((m, b, "peer sglang replay flush"))
-        row["sglang_us"] = None if nf is None or fl is None else round(((WINDOW - 1) * nf + fl) / WINDOW, 2)
+        sg = sglang_amortized(by.get((m, b), {}))
+        row["sglang_us"] = None if sg is None else round(sg, 2)
         cells = [row["amortized_us"].get(c) for c in cols] + [row["sglang_us"]]
         print(f"{m:13s} {b:>5d} " + " ".join(f"{'-':>14s}" if c is None else f"{c:>14.1f}" for c in cells))
 

@@ -60,3 +60,25 @@ def test_benchmarks_md_memory_table_is_what_memory_py_prints():
     import memory
 
     assert memory.table(memory.rows([4, 8], window=16)) in (ROOT / "BENCHMARKS.md").read_text()
+
+
+def test_bench_decode_summary_prices_sglang_as_the_tables_do(monkeypatch, capsys):
+    """``bench_decode.py``'s summary (printed, and the JSON's ``summary``) prices SGLang's replay window as
+    ``report.sglang_amortized`` does for BENCHMARKS.md's tables, from the same rows."""
+    import json
+
+    import bench_decode
+    data = json.loads((RESULTS / "bench-decode-vk-h200.json").read_text())
+    _, t = report.load(RESULTS / "bench-decode-vk-h200.json")
+    summary = [{k: v for k, v in row.items() if k != "sglang_us"} for row in data["summary"]]
+    monkeypatch.setattr(bench_decode, "RESULTS", data["rows"])
+    monkeypatch.setattr(bench_decode, "SUMMARY", summary)
+    bench_decode.print_summary()
+    printed = capsys.readouterr().out
+    assert len(summary) == 6
+    for row in summary:
+        want = report.sglang_amortized(t[(row["model"], row["batch"])])
+        assert row["sglang_us"] == pytest.approx(want, abs=0.005)
+        assert f"{row['sglang_us']:14.1f}" in printed
+    qwen = next(r for r in summary if (r["model"], r["batch"]) == ("qwen3.5", 256))
+    assert f"{qwen['sglang_us']:.1f}" == "169.7"                  # BENCHMARKS.md's hosts' layout table
