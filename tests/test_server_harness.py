@@ -601,7 +601,7 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
                 kw["stdout"].write(f"Decode batch, #running-req: {c}, #full token: 9, gen throughput (token/s): {rate}, "
                                    "x\n")
             if c == 4:                                            # SGLang 0.5.17's long-collection warning
-                kw["stdout"].write("[t] LONG GARBAGE COLLECTION DETECTED | Generation 2 | Duration: 0.4712s | # Objects: "
+                kw["stdout"].write("[2026-12-06 22:15:51] LONG GARBAGE COLLECTION DETECTED | Generation 2 | Duration: 0.4712s | # Objects: "
                                    "gen0=1, gen1=2, gen2=3 | This may cause latency jitter.\n")
             kw["stdout"].flush()
             self.returncode = 0
@@ -625,7 +625,8 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
             (1, 1, 10.0), (1, 2, 10.0), (4, 1, 40.0), (4, 2, 40.0)]
         # each load's server rates and long collections come from its own part of the log, not an earlier load's
         assert [r["decode_tokens_per_s"] for r in rows] == [1.5, 1.5, 4.5, 4.5]
-        assert [r["long_collections"] for r in rows] == [[], [], [[2, 0.4712]], [[2, 0.4712]]]
+        gc = dict(generation=2, s=0.4712, objects=6, at="2026-12-06 22:15:51")
+        assert [r["long_collections"] for r in rows] == [[], [], [gc], [gc]]
         assert [len(r) for r in emitted] == [1, 2, 3, 4] and servers[-1].poll() is not None
         late = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "no_buffer", args, log,
                                                check_server.Deadline(10), emit=lambda r: None)

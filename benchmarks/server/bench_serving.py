@@ -216,13 +216,18 @@ def server_rates(log_text: str, concurrency: int) -> dict:
     return rates
 
 
-_LONG_GC = re.compile(r"LONG GARBAGE COLLECTION DETECTED \| Generation (\d) \| Duration: ([\d.]+)s")
+_LONG_GC = re.compile(r"(?:^\[([^\]\n]*)\][^\n]*?)?LONG GARBAGE COLLECTION DETECTED \| Generation (\d) \| Duration: ([\d.]+)s"
+                      r"(?: \| # Objects: gen0=(\d+), gen1=(\d+), gen2=(\d+))?", re.M)
 
 
-def long_collections(log_text: str) -> list[list]:
+def long_collections(log_text: str) -> list[dict]:
     """The garbage collections longer than ``LONG_GC_S`` the server's HTTP process logged (SGLang's
-    long-collection warning), each ``[generation, seconds]``, in log order."""
-    return [[int(g), float(d)] for g, d in _LONG_GC.findall(log_text)]
+    long-collection warning), in log order: each ``{"generation", "s", "objects", "at"}``: its duration,
+    the objects the collector tracked after it (None where the line does not say) and the line's time
+    stamp (None without one)."""
+    return [dict(generation=int(g), s=float(d), objects=int(g0) + int(g1) + int(g2) if g0 else None,
+                 at=at or None)
+            for at, g, d, g0, g1, g2 in _LONG_GC.findall(log_text)]
 
 
 # what a server allocated at start (its INFO log: SGLang 0.5.17's mamba pool and scheduler lines,
