@@ -601,8 +601,9 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
                 kw["stdout"].write(f"Decode batch, #running-req: {c}, #full token: 9, gen throughput (token/s): {rate}, "
                                    "x\n")
             if c == 4:                                            # SGLang 0.5.17's long-collection warning
-                kw["stdout"].write("[2026-12-06 22:15:51] LONG GARBAGE COLLECTION DETECTED | Generation 2 | Duration: 0.4712s | # Objects: "
-                                   "gen0=1, gen1=2, gen2=3 | This may cause latency jitter.\n")
+                kw["stdout"].write("[2026-12-06 22:15:51] LONG GARBAGE COLLECTION DETECTED | Generation 2 | "
+                                   "Duration: 0.4712s | # Objects: gen0=1, gen1=2, gen2=3 | This may cause latency "
+                                   "jitter.\n")
             kw["stdout"].flush()
             self.returncode = 0
 

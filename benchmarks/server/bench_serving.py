@@ -216,8 +216,8 @@ def server_rates(log_text: str, concurrency: int) -> dict:
     return rates
 
 
-_LONG_GC = re.compile(r"(?:^\[([^\]\n]*)\][^\n]*?)?LONG GARBAGE COLLECTION DETECTED \| Generation (\d) \| Duration: ([\d.]+)s"
-                      r"(?: \| # Objects: gen0=(\d+), gen1=(\d+), gen2=(\d+))?", re.M)
+_LONG_GC = re.compile(r"(?:^\[([^\]\n]*)\][^\n]*?)?LONG GARBAGE COLLECTION DETECTED \| Generation (\d) \| "
+                      r"Duration: ([\d.]+)s(?: \| # Objects: gen0=(\d+), gen1=(\d+), gen2=(\d+))?", re.M)
 
 
 def long_collections(log_text: str) -> list[dict]:
