@@ -43,7 +43,7 @@ import replayssm as rs  # noqa: E402
 from floors import read_floor, rw_floor  # noqa: E402
 from replayssm.kernels import ops  # noqa: E402
 from replayssm.kernels.formats.triton import CKPT_CODES, READ_CODES  # noqa: E402
-from report import sglang_amortized  # noqa: E402
+from report import by_model_batch, sglang_amortized  # noqa: E402
 from shapes import BATCHES, MODEL_SPECS, WINDOW  # noqa: E402
 from snapshot_mamba2 import snapshot_verify  # noqa: E402
 
@@ -363,12 +363,10 @@ def print_summary():
     cols = [f"{lay} {rf}" for lay in ("kv", "vk") for rf in ("checkpoint", "fp8", "nvfp4")]
     print("\namortized us per step (16-step window); sglang: (15 x mean(w=0, 7, 14) + flush) / 16")
     print(f"{'model':13s} {'batch':>5s} " + " ".join(f"{c:>14s}" for c in cols) + f" {'sglang replay':>14s}")
-    by = {}
-    for r in RESULTS:
-        by.setdefault((r["model"], r["batch"]), {})[r["what"]] = r
+    by = by_model_batch(RESULTS)
     for row in SUMMARY:
         m, b = row["model"], row["batch"]
-        sg = sglang_amortized(by.get((m, b), {}))
+        sg = sglang_amortized(by[(m, b)])
         row["sglang_us"] = None if sg is None else round(sg, 2)
         cells = [row["amortized_us"].get(c) for c in cols] + [row["sglang_us"]]
         print(f"{m:13s} {b:>5d} " + " ".join(f"{'-':>14s}" if c is None else f"{c:>14.1f}" for c in cells))

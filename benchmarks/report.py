@@ -15,12 +15,17 @@ PEER = {"nemotron-h": "peer mamba_ssm selective_state_update", "qwen3.5": "peer 
         "qwen3.5-122b": "peer fla fused_recurrent T=1", "kimi-linear": "peer fla fused_recurrent_kda T=1"}
 
 
+def by_model_batch(rows):
+    """``{(model, batch): {what: row}}`` of a bench_decode.py run's rows."""
+    t = defaultdict(dict)
+    for r in rows:
+        t[(r["model"], r["batch"])][r["what"]] = r
+    return t
+
+
 def load(path):
     data = json.load(open(path))
-    t = defaultdict(dict)
-    for r in data["rows"]:
-        t[(r["model"], r["batch"])][r["what"]] = r
-    return data, t
+    return data, by_model_batch(data["rows"])
 
 
 def sglang_amortized(m):

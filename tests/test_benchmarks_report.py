@@ -65,11 +65,8 @@ def test_benchmarks_md_memory_table_is_what_memory_py_prints():
 def test_bench_decode_summary_prices_sglang_as_the_tables_do(monkeypatch, capsys):
     """``bench_decode.py``'s summary (printed, and the JSON's ``summary``) prices SGLang's replay window as
     ``report.sglang_amortized`` does for BENCHMARKS.md's tables, from the same rows."""
-    import json
-
     import bench_decode
-    data = json.loads((RESULTS / "bench-decode-vk-h200.json").read_text())
-    _, t = report.load(RESULTS / "bench-decode-vk-h200.json")
+    data, t = report.load(RESULTS / "bench-decode-vk-h200.json")
     summary = [{k: v for k, v in row.items() if k != "sglang_us"} for row in data["summary"]]
     monkeypatch.setattr(bench_decode, "RESULTS", data["rows"])
     monkeypatch.setattr(bench_decode, "SUMMARY", summary)
