@@ -6,6 +6,8 @@ through ``VerbGraphs``, with row counts that share a bucket (a replay whose padd
 act), every layer and one layer, and a Mamba-2 ``A`` that moves to a new address (recorded again).
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -52,8 +54,7 @@ def test_graphed_verbs_equal_the_verbs(family, fmt):
     params = Params(spec, 2, gen)
     A = [params.A[layer].to(DEVICE) for layer in range(2)] if family == "mamba2" else None
 
-    def steps(count):
-        _steps(pools, slots, spec, params, gen, A, count)
+    steps = functools.partial(_steps, pools, slots, spec, params, gen, A)
 
     def event(verb, rows, layer=None):
         getattr(eager, verb)(slots[0][rows], layer=layer, checked=False)
@@ -104,8 +105,7 @@ def test_a_prepared_stream_replays_every_event_from_its_first(family):
     params = Params(spec, 2, gen)
     A = [params.A[layer].to(DEVICE) for layer in range(2)] if family == "mamba2" else None   # one address each
 
-    def steps(count):
-        _steps(pools, slots, spec, params, gen, A, count)
+    steps = functools.partial(_steps, pools, slots, spec, params, gen, A)
 
     keys = 2 * 3 * 4                                              # verbs x (every layer, 0, 1) x buckets 1..8
     first = graphs.prepare()
