@@ -662,6 +662,80 @@ def test_freeze_gc_freezes_each_server_once_it_is_ready_and_the_rows_say_so(tmp_
     assert frozen == [7] and not any("freeze_gc" in r for r in rows)
 
 
+def test_each_prefix_load_starts_with_the_radix_cache_flushed(tmp_path, monkeypatch):
+    """Under --workload prefix every load, the repeats included, begins on an empty radix tree: the flush
+    comes before that load's client starts; the decode workload never flushes."""
+    import bench_serving
+
+    fake_servers(monkeypatch)
+    events = []
+    monkeypatch.setattr(bench_serving, "flush_cache", lambda port: events.append(("flush", port)))
+
+    class Client:
+        def __init__(self, cmd, **kw):
+            events.append(("client", int(cmd[cmd.index("--max-concurrency") + 1])))
+            out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
+            out.write_text(json.dumps(dict(output_throughput=1.0, median_itl_ms=2.0, cache_report=dict(
+                cache_hit_rate_pct=80.0))) + "\n")
+            self.returncode = 0
+
+        def poll(self):
+            return self.returncode
+
+    monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
+    with open(tmp_path / "log", "w") as log:
+        prefix = serving_args(port=7, workload="prefix", repeat=2, concurrency=[4], groups=2, prompts_per_group=2,
+                              prefix_len=8, question_len=4)
+        rows = bench_serving.serve_and_measure("qwen3.5-9b", tmp_path, "replay-nvfp4", "extra_buffer", prefix, log,
+                                               check_server.Deadline(None))
+        assert events == [("flush", 7), ("client", 4), ("flush", 7), ("client", 4)]
+        assert [(r["load"], r["cache_flushed"], r["cache_hit_rate_pct"]) for r in rows] == [(1, True, 80.0),
+                                                                                           (2, True, 80.0)]
+        events.clear()
+        rows = bench_serving.serve_and_measure("qwen3.5-9b", tmp_path, "replay-nvfp4", "extra_buffer",
+                                               serving_args(port=7, repeat=2, concurrency=[4]), log,
+                                               check_server.Deadline(None))
+    assert events == [("client", 4), ("client", 4)] and not any("cache_flushed" in r for r in rows)
+
+
+@pytest.mark.parametrize("status", [200, 400])
+def test_flush_cache_is_sglangs_post_and_a_refused_flush_is_an_error(status):
+    """``flush_cache`` posts to SGLang's /flush_cache with a wait for running requests; SGLang answers 400
+    when requests stayed in the server, which ends the load with the answer."""
+    import http.server
+    import threading
+
+    import bench_serving
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(self.path)
+            body = b"Cache flushed." if status == 200 else b"There are running requests."
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        if status == 200:
+            bench_serving.flush_cache(server.server_port)
+        else:
+            with pytest.raises(RuntimeError, match="/flush_cache answered 400: b'There are running requests.'"):
+                bench_serving.flush_cache(server.server_port)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["/flush_cache?timeout=60"]
+
+
 def test_a_profile_that_never_starts_keeps_the_loads_row(tmp_path, monkeypatch):
     """A load whose log never shows what its profile waits for is measured as usual; its row says
     which profile was missed (the profile is lost, not the load)."""

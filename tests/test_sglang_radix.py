@@ -99,3 +99,44 @@ def test_state_through_sglangs_radix_cache_matches_step_recurrence(server_args, 
     free_before = req_pool.mamba_allocator.available_size()
     req_pool.free_mamba_cache(b)
     assert req_pool.mamba_allocator.available_size() == free_before + 1
+
+
+def test_a_cache_flush_drops_the_tree_and_the_next_request_on_its_slot_starts_clean(server_args, replay_on):
+    """SGLang's /flush_cache (``Scheduler.flush_cache``: the tree reset, then ``HybridReqToTokenPool.clear``)
+    with a finished request's donation still pending: the next request matches nothing, takes the same
+    slot, and its clear flushes the pending ring before resetting it; its decode then follows the step
+    recurrence from its own prefill."""
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+
+    req_pool = _req_pool()
+    cache = _radix_cache(req_pool)
+    run = Run(req_pool, replay_on, torch.Generator().manual_seed(11))
+    prompt = list(range(20, 29))
+    a, _ = _admit(cache, req_pool, "a", prompt)
+    slot_a = _forward_prep(req_pool, a)
+    run.twin.refresh(slot_a)
+    run.prefill(slot_a)
+    for t in range(7):                                           # window 4: the ring holds 3 tokens at the end
+        assert run.decode(slot_a) < TOL["fp8"]
+        a.output_ids.append(50 + t)
+    a.finished_reason = FINISH_LENGTH(length=7)
+    a.refresh_fill_ids()
+    cache.checkpoint(a, up_to=len(prompt) + 7)
+    mp = req_pool.mamba_pool
+    assert mp.donations and mp.replay.cursors["count"][:, slot_a].eq(3).all()
+
+    free = req_pool.mamba_allocator.available_size()
+    cache.reset()
+    req_pool.clear()
+    assert req_pool.mamba_allocator.available_size() > free
+
+    c, hit = _admit(cache, req_pool, "c", prompt + [50 + t for t in range(7)])
+    assert hit.device_prefix_len == 0 and c.kv.mamba_cow_src_index is None
+    assert int(c.kv.mamba_pool_idx) == int(slot_a[0])
+    slot_c = _forward_prep(req_pool, c)                          # the clear: pending donation first, then reset
+    assert not mp.donations and mp.replay.cursors["count"][:, slot_c].eq(0).all()
+    run.twin.refresh(slot_c)
+    run.prefill(slot_c)
+    for _ in range(6):
+        assert run.decode(slot_c) < TOL["fp8"]
+    assert run.state_error(slot_c) < TOL["float32"]

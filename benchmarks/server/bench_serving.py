@@ -31,7 +31,9 @@ for them: a variant whose state does not fit the largest load (SGLang's fp32 Nem
 
 ``--workload prefix`` instead sends ``--groups`` groups of ``--prompts-per-group`` requests that
 share a ``--prefix-len``-token prefix (the client's ``generated-shared-prefix`` dataset, with its
-cache report), for each radix strategy of ``--radix-strategies``.
+cache report), for each radix strategy of ``--radix-strategies``. Each of its loads starts with SGLang's
+``/flush_cache``, so that every load of ``--repeat`` finds the radix tree empty, as the first one does
+(its rows carry ``cache_flushed``).
 
 Written to ``DIR/serving-<model>.json`` (``serving-<model>-mtp.json`` with ``--speculative mtp``): one
 row per (variant, radix strategy, concurrency) with output tokens/s, median and p99 inter-token
@@ -79,6 +81,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -289,6 +292,20 @@ def freeze_gc(port: int) -> None:
             raise RuntimeError(f"/freeze_gc answered {r.status}: {r.read()[:200]!r}")
 
 
+def flush_cache(port: int) -> None:
+    """SGLang's ``POST /flush_cache``: the server drops its radix tree (and the slots it holds), so the
+    next load finds no prefix cached; it waits up to 60 s for the requests still in the server to
+    finish. RuntimeError unless it answers 200."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/flush_cache?timeout=60", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=90) as r:
+            status, body = r.status, r.read()[:200]
+    except urllib.error.HTTPError as e:        # SGLang answers 400 when requests are still in the server
+        status, body = e.code, e.read()[:200]
+    if status != 200:
+        raise RuntimeError(f"/flush_cache answered {status}: {body!r}")
+
+
 def start_profile(port: int, request: dict) -> None:
     """SGLang's ``POST /start_profile`` (its ``ProfileReq`` fields); RuntimeError unless it answers 200."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}/start_profile", data=json.dumps(request).encode(),
@@ -465,6 +482,8 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                 emit(rows)
                 continue
             current = dict(concurrency=c, load=load)
+            if args.workload == "prefix":
+                flush_cache(args.port)          # each load finds the tree empty, as the first one does
             log.write(f"\n===== {model} {variant} {label}: concurrency {c}, load {load}\n")
             log.flush()
             log_start = os.path.getsize(log.name)
@@ -479,6 +498,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                 if client.returncode != 0 or not out_file.exists():
                     raise RuntimeError(f"the client exited with {client.returncode} at concurrency {c}")
                 row = dict(base, concurrency=c, load=load, **row_from(out_file),
+                           **({"cache_flushed": True} if args.workload == "prefix" else {}),
                            **listen_fields(listen, host_listen_state()))
                 if "decode" in profiled:
                     row["profile"] = profiled["decode"]
@@ -652,7 +672,8 @@ def main(argv: list[str] | None = None) -> int:
                          "them (a variant whose state does not fit the largest load); repeatable")
     ap.add_argument("--repeat", type=int, default=1,
                     help="loads per concurrency on the same server (rows carry 'load' 1..N: the first runs the "
-                         "server's first-use work, the later ones a warm server)")
+                         "server's first-use work, the later ones a warm server; under --workload prefix each "
+                         "load starts with the radix cache flushed)")
     ap.add_argument("--server-log-level", default="warning", choices=["warning", "info", "debug"],
                     help="the servers' --log-level; info logs each prefill batch and replayssm's first launch of each "
                          "kernel variant to servers.log")
