@@ -890,27 +890,30 @@ def test_server_memory_reads_what_each_server_allocated_at_start(tmp_path):
 def test_serving_table_compares_each_load_with_sglangs(tmp_path):
     import bench_serving
 
-    def row(variant, c, tok, itl, load=1, **rates):
+    def row(variant, c, tok, itl, load=1, ttft=50.0, **rates):
         return dict(model="m", variant=variant, radix="no_buffer", workload="decode", concurrency=c, load=load,
-                    output_throughput=tok, median_itl_ms=itl, p99_itl_ms=2 * itl, median_ttft_ms=50.0, **rates)
+                    output_throughput=tok, median_itl_ms=itl, p99_itl_ms=2 * itl, median_ttft_ms=ttft, **rates)
 
     path = tmp_path / "serving-m.json"
     path.write_text(json.dumps(dict(rows=[row("sglang", 64, 3000.0, 12.0, decode_tokens_per_s=8000.0),
                                           row("sglang", 64, 2000.0, 16.0, load=2),
                                           row("sglang-replay", 64, 2400.0, 10.0, decode_tokens_per_s=12000.0),
-                                          row("replay-fp32", 64, 3600.0, 8.0, prefill_tokens_per_s=26431.5,
+                                          row("replay-fp32", 64, 3600.0, 8.0, ttft=75.0, prefill_tokens_per_s=26431.5,
                                               decode_tokens_per_s=14391.0),
                                           row("replay-fp32", 64, 3000.0, 8.0, load=2, decode_tokens_per_s=9000.0),
                                           row("replay-fp32", 256, 4000.0, 10.0),
                                           dict(model="m", variant="replay-nvfp4", radix="no_buffer",
                                                workload="decode", error="RuntimeError: boom")])))
     lines = bench_serving.table([path]).splitlines()
-    assert lines[4] == ("| m | sglang-replay | no_buffer | 64 | 1 | 2400 | 0.80x |  | 10.00 / 20.00 | 1.20x | 50 "
+    assert lines[4] == ("| m | sglang-replay | no_buffer | 64 | 1 | 2400 | 0.80x |  | 10.00 / 20.00 | 1.20x "
+                        "| 50 (1.00x) "
                         "| - / 12,000 | 1.50x / - |  |  |")
     # each load against SGLang's and SGLang's replay's load of the same number on its server
-    assert lines[5] == ("| m | replay-fp32 | no_buffer | 64 | 1 | 3600 | 1.20x | 1.50x | 8.00 / 16.00 | 1.50x | 50 "
+    assert lines[5] == ("| m | replay-fp32 | no_buffer | 64 | 1 | 3600 | 1.20x | 1.50x | 8.00 / 16.00 | 1.50x "
+                        "| 75 (1.50x) "
                         "| 26,432 / 14,391 | 1.80x / 1.20x |  |  |")
-    assert lines[6] == ("| m | replay-fp32 | no_buffer | 64 | 2 | 3000 | 1.50x |  | 8.00 / 16.00 | 2.00x | 50 "
+    assert lines[6] == ("| m | replay-fp32 | no_buffer | 64 | 2 | 3000 | 1.50x |  | 8.00 / 16.00 | 2.00x "
+                        "| 50 (1.00x) "
                         "| - / 9,000 | - / - |  |  |")
     assert lines[7] == "| m | replay-fp32 | no_buffer | 256 | 1 | 4000 |  |  | 10.00 / 20.00 |  | 50 | - / - | - / - |  |  |"
     assert "RuntimeError: boom" in lines[8]

@@ -538,13 +538,14 @@ def radix(row: dict) -> str:
 def table(paths: list[pathlib.Path]) -> str:
     """A markdown table of ``serving-<model>.json`` files: a row per measured load, with output
     tokens/s against SGLang conventional's (variant ``sglang``) and SGLang's own replay's
-    (``sglang-replay``), median inter-token latency against SGLang conventional's, each on the same
-    workload, concurrency and load number of its server, where those were measured in the same file,
-    and the server's own prefill and decode rates during the load (``server_rates``) where logged,
-    the decode rate against SGLang's and SGLang's replay's (a load's output tokens/s also carries its
-    prefill; the decode rate is the steps alone)."""
+    (``sglang-replay``), median inter-token latency against SGLang conventional's and median time to
+    first token as a multiple of SGLang conventional's, each on the same workload, concurrency and load
+    number of its server, where those were measured in the same file, and the server's own prefill and
+    decode rates during the load (``server_rates``) where logged, the decode rate against SGLang's and
+    SGLang's replay's (a load's output tokens/s also carries its prefill; the decode rate is the steps
+    alone)."""
     out = ["| model | variant | radix | concurrency | load | output tok/s | vs SGLang | vs SGLang's replay "
-           "| ITL median / p99 ms | ITL vs SGLang | TTFT median ms | server prefill / decode tok/s "
+           "| ITL median / p99 ms | ITL vs SGLang | TTFT median ms (x SGLang's) | server prefill / decode tok/s "
            "| decode vs SGLang / SGLang's replay | cache hit | accept length |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
@@ -565,6 +566,8 @@ def table(paths: list[pathlib.Path]) -> str:
             tok = f"{r['output_throughput'] / b['output_throughput']:.2f}x" if b and r is not b else ""
             vs_replay = f"{r['output_throughput'] / s['output_throughput']:.2f}x" if s and r is not s else ""
             itl = f"{b['median_itl_ms'] / r['median_itl_ms']:.2f}x" if b and r is not b else ""
+            ttft = f"{r['median_ttft_ms']:.0f}" + (f" ({r['median_ttft_ms'] / b['median_ttft_ms']:.2f}x)"
+                                                   if b and r is not b else "")
             rates = " / ".join(f"{r[k]:,.0f}" if k in r else "-" for k in ("prefill_tokens_per_s",
                                                                           "decode_tokens_per_s"))
             decode = " / ".join(f"{r['decode_tokens_per_s'] / o['decode_tokens_per_s']:.2f}x"
@@ -573,7 +576,7 @@ def table(paths: list[pathlib.Path]) -> str:
             hit, accept = r.get("cache_hit_rate_pct"), r.get("accept_length")
             out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r['concurrency']} | {r.get('load', 1)} | "
                        f"{r['output_throughput']:.0f} | {tok} | {vs_replay} | {r['median_itl_ms']:.2f} / "
-                       f"{r['p99_itl_ms']:.2f} | {itl} | {r['median_ttft_ms']:.0f} | {rates} | {decode} | "
+                       f"{r['p99_itl_ms']:.2f} | {itl} | {ttft} | {rates} | {decode} | "
                        f"{'' if hit is None else f'{hit:.1f} %'} | {'' if accept is None else f'{accept:.2f}'} |")
     memory = memory_table(paths)
     return "\n".join(out + (["", memory] if memory else []))
