@@ -392,11 +392,11 @@ def test_serving_runs_each_variant_its_family_serves_and_writes_rows(tmp_path, m
 
     calls = []
 
-    def fake(model, model_dir, variant, strategy, args, log, deadline, emit, overlap=False):
+    def fake(model, model_dir, variant, strategy, args, log, deadline, emit, overlap=False, placement=None):
         calls.append((model, variant, strategy, overlap))
         assert (model_dir / "tokenizer.json").exists() and (model_dir / "config.json").exists()
         return [dict(model=model, variant=variant, radix=strategy, overlap=overlap, workload=args.workload,
-                     concurrency=c, output_throughput=100.0 * c) for c in args.concurrency]
+                     concurrency=c, output_throughput=100.0 * c, **placement) for c in args.concurrency]
 
     monkeypatch.setattr(bench_serving, "serve_and_measure", fake)
     monkeypatch.setattr(bench_serving.models, "CONFIGS", dict(bench_serving.models.CONFIGS))
@@ -412,10 +412,48 @@ def test_serving_runs_each_variant_its_family_serves_and_writes_rows(tmp_path, m
                      ("kimi-linear", "sglang", "extra_buffer", True), ("kimi-linear", "sglang-replay", "no_buffer", False),
                      ("kimi-linear", "replay-nvfp4", "extra_buffer", True)]
     data = json.loads((tmp_path / "out" / "serving-kimi-linear.json").read_text())
-    assert [(r["variant"], r["concurrency"]) for r in data["rows"]] == [
-        ("sglang", 1), ("sglang", 4), ("sglang-replay", 1), ("sglang-replay", 4), ("replay-nvfp4", 1),
-        ("replay-nvfp4", 4)]
+    assert [(r["variant"], r["concurrency"], r["round"], r["position"]) for r in data["rows"]] == [
+        ("sglang", 1, 1, 1), ("sglang", 4, 1, 1), ("sglang-replay", 1, 1, 2), ("sglang-replay", 4, 1, 2),
+        ("replay-nvfp4", 1, 1, 3), ("replay-nvfp4", 4, 1, 3)]
     assert "sglang" in data["meta"] and (tmp_path / "out" / "serving.png").stat().st_size > 1000
+
+
+def test_both_orders_runs_the_variants_again_in_reverse_and_the_table_cancels_the_order(tmp_path, monkeypatch):
+    """--both-orders starts every server a second time in the reverse order (rows carry round and
+    position); the table compares each load with SGLang's of its own round, and the second table's
+    geometric mean of the two rounds cancels a factor a server's place in the run puts on it."""
+    import bench_serving
+
+    calls = []
+    # a run in which the server that runs second serves 1.5x, and reaches its first token 1.25x sooner
+    late = {1: 1.0, 2: 1.5}
+
+    def fake(model, model_dir, variant, strategy, args, log, deadline, emit, overlap=False, placement=None):
+        calls.append((variant, placement))
+        speed = (1.2 if variant == "replay-nvfp4" else 1.0) * late[(placement["position"] - 1) % 2 + 1]
+        return [dict(model=model, variant=variant, radix=strategy, overlap=overlap, workload=args.workload,
+                     concurrency=c, load=1, output_throughput=1000.0 * speed, median_itl_ms=1.0, p99_itl_ms=2.0,
+                     median_ttft_ms=1000.0 / (1.25 if (placement["position"] - 1) % 2 else 1.0), **placement)
+                for c in args.concurrency]
+
+    monkeypatch.setattr(bench_serving, "serve_and_measure", fake)
+    monkeypatch.setattr(bench_serving.models, "CONFIGS", dict(bench_serving.models.CONFIGS))
+    bench_serving.models.CONFIGS["qwen3.5-9b"] = dict(bench_serving.models.CONFIGS["qwen3.5-9b"], vocab_size=300)
+    assert bench_serving.main(["--models", "qwen3.5-9b", "--variants", "sglang", "replay-nvfp4", "--concurrency",
+                               "256", "--both-orders", "--out", str(tmp_path / "out"),
+                               "--models-dir", str(tmp_path / "models")]) == 0
+    assert calls == [("sglang", dict(round=1, position=1)), ("replay-nvfp4", dict(round=1, position=2)),
+                     ("replay-nvfp4", dict(round=2, position=3)), ("sglang", dict(round=2, position=4))]
+    lines = bench_serving.table([tmp_path / "out" / "serving-qwen3.5-9b.json"]).splitlines()
+    # within a round: 1.2 x 1.5 with replay second, 1.2 / 1.5 with replay first
+    row = "| qwen3.5-9b | replay-nvfp4 | extra_buffer, overlap | 256 | 1, round {} | {} |"
+    assert lines[3].startswith(row.format(1, "1800 | 1.80x")) and lines[4].startswith(row.format(2, "1200 | 0.80x"))
+    summary = lines[lines.index("") + 3]
+    assert summary == ("| qwen3.5-9b | replay-nvfp4 | extra_buffer, overlap | 256 | 1 | 1.80x / 0.80x / 1.20x |  "
+                       "| 0.80x / 1.25x / 1.00x |")
+    # a run in one order has no second table
+    one_order = ROOT / "benchmarks/results/serving-qwen3.5-9b-prefix-frozen-h100.json"
+    assert "geometric mean" not in bench_serving.table([one_order])
 
 
 def test_serving_overlap_runs_where_sglang_allows_it(tmp_path, monkeypatch):
@@ -425,7 +463,7 @@ def test_serving_overlap_runs_where_sglang_allows_it(tmp_path, monkeypatch):
 
     calls = []
 
-    def fake(model, model_dir, variant, strategy, args, log, deadline, emit, overlap=False):
+    def fake(model, model_dir, variant, strategy, args, log, deadline, emit, overlap=False, placement=None):
         calls.append((variant, strategy, overlap))
         return [dict(model=model, variant=variant, radix=strategy, overlap=overlap, workload=args.workload,
                      concurrency=c, load=1, output_throughput=100.0 * c * (2 if overlap else 1), median_itl_ms=1.0,
@@ -954,7 +992,7 @@ def test_serving_speculative_mtp_flags_and_model_folders(tmp_path, monkeypatch):
 
     commands = []
 
-    def fake(model, model_dir, variant, strategy, args, log, deadline, emit, overlap=False):
+    def fake(model, model_dir, variant, strategy, args, log, deadline, emit, overlap=False, placement=None):
         config = json.loads((model_dir / "config.json").read_text())
         commands.append((model_dir.name, variant, config.get("mtp_num_hidden_layers"),
                          bench_serving.server_command(variant, model_dir, "gdn", strategy, args)))

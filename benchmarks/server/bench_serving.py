@@ -64,6 +64,10 @@ what SGLang advises after warm-up): without it a full collection in the server's
 (SGLang 0.5.23's imports alone leave some 730,000 objects to walk: half a second on a slow CPU)
 can fall inside a load and hold every arriving request.
 
+``--both-orders`` runs the variants once more in the reverse order, each server started afresh: a
+server's place in a run can favor it (the shared-prefix runs in BENCHMARKS.md), and the geometric mean
+of the two rounds' ratios, which ``--table`` gives, cancels a factor that place puts on its figures.
+
 ``--table JSON...`` prints the rows as markdown with their ratios to SGLang's and SGLang's replay's;
 ``--merge JSON... --merged FILE`` joins several runs of one model into one file (each row keeps its
 run's versions and commit).
@@ -73,6 +77,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import re
@@ -440,15 +445,17 @@ def row_from(out_file: pathlib.Path) -> dict:
 
 
 def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strategy: str, args, log,
-                      deadline: check_server.Deadline, emit=lambda rows: None, overlap: bool = False) -> list[dict]:
+                      deadline: check_server.Deadline, emit=lambda rows: None, overlap: bool = False,
+                      placement: dict | None = None) -> list[dict]:
     """Start ``variant``'s server (radix ``strategy``, SGLang's overlap scheduler on with ``overlap``),
     run the client at each concurrency, stop it; each load's row is passed to ``emit`` (with the rows
     so far) as soon as it is measured. A load the deadline leaves no time for is recorded as not run; a
-    load that fails is recorded with its concurrency and load, so a later run of it replaces it in ``merge``."""
+    load that fails is recorded with its concurrency and load, so a later run of it replaces it in ``merge``.
+    ``placement`` (``round``, ``position``: where this server ran in the run) goes into every row."""
     family = models.FAMILIES[model]
     cmd = server_command(variant, model_dir, family, strategy, args, overlap)
     base = dict(model=model, variant=variant, radix=strategy, overlap=overlap, workload=args.workload,
-                speculative=args.speculative)
+                speculative=args.speculative, **(placement or {}))
     label = strategy + (", overlap" if overlap else "")
     rows: list[dict] = []
     if deadline.left(60) < 60:
@@ -543,7 +550,8 @@ def table(paths: list[pathlib.Path]) -> str:
     number of its server, where those were measured in the same file, and the server's own prefill and
     decode rates during the load (``server_rates``) where logged, the decode rate against SGLang's and
     SGLang's replay's (a load's output tokens/s also carries its prefill; the decode rate is the steps
-    alone)."""
+    alone). Rows of a ``--both-orders`` run are compared within their round, and a second table gives,
+    per load, both rounds' ratios and their geometric mean."""
     out = ["| model | variant | radix | concurrency | load | output tok/s | vs SGLang | vs SGLang's replay "
            "| ITL median / p99 ms | ITL vs SGLang | TTFT median ms (x SGLang's) | server prefill / decode tok/s "
            "| decode vs SGLang / SGLang's replay | cache hit | accept length |",
@@ -553,15 +561,17 @@ def table(paths: list[pathlib.Path]) -> str:
         ok = [r for r in data["rows"] if "output_throughput" in r]
 
         def by_load(variant: str) -> dict:
-            return {(r["workload"], r["concurrency"], r.get("load", 1)): r for r in ok if r["variant"] == variant}
+            return {(r["workload"], r["concurrency"], r.get("load", 1), r.get("round", 1)): r
+                    for r in ok if r["variant"] == variant}
 
         base, replay = by_load("sglang"), by_load("sglang-replay")
+        rounds = any(r.get("round", 1) > 1 for r in data["rows"])
         for r in data["rows"]:
             if "output_throughput" not in r:
                 out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r.get('concurrency', '')} | "
-                           f"{r.get('load', '')} | {r['error']} | | | | | | | | | |")
+                           f"{r.get('load', '')}{_round(r, rounds)} | {r['error']} | | | | | | | | | |")
                 continue
-            key = (r["workload"], r["concurrency"], r.get("load", 1))
+            key = (r["workload"], r["concurrency"], r.get("load", 1), r.get("round", 1))
             b, s = base.get(key), replay.get(key)
             tok = f"{r['output_throughput'] / b['output_throughput']:.2f}x" if b and r is not b else ""
             vs_replay = f"{r['output_throughput'] / s['output_throughput']:.2f}x" if s and r is not s else ""
@@ -574,12 +584,55 @@ def table(paths: list[pathlib.Path]) -> str:
                                 if o and r is not o and "decode_tokens_per_s" in r and "decode_tokens_per_s" in o
                                 else "-" for o in (b, s))
             hit, accept = r.get("cache_hit_rate_pct"), r.get("accept_length")
-            out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r['concurrency']} | {r.get('load', 1)} | "
+            out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r['concurrency']} | {r.get('load', 1)}"
+                       f"{_round(r, rounds)} | "
                        f"{r['output_throughput']:.0f} | {tok} | {vs_replay} | {r['median_itl_ms']:.2f} / "
                        f"{r['p99_itl_ms']:.2f} | {itl} | {ttft} | {rates} | {decode} | "
                        f"{'' if hit is None else f'{hit:.1f} %'} | {'' if accept is None else f'{accept:.2f}'} |")
+    orders = both_orders_table(paths)
     memory = memory_table(paths)
-    return "\n".join(out + (["", memory] if memory else []))
+    return "\n".join(out + (["", orders] if orders else []) + (["", memory] if memory else []))
+
+
+def _round(row: dict, rounds: bool) -> str:
+    """The load cell's round, in a file of a ``--both-orders`` run."""
+    return f", round {row.get('round', 1)}" if rounds else ""
+
+
+def both_orders_table(paths: list[pathlib.Path]) -> str:
+    """For the files of ``--both-orders`` runs: per (model, variant, radix strategy, concurrency, load)
+    measured in both rounds, output tokens/s against SGLang's and SGLang's replay's and the median TTFT
+    as a multiple of SGLang's, each in round 1, in round 2 and their geometric mean. A factor that a
+    server's place in the run puts on its figures cancels in the mean, since each pair of servers ran
+    in both orders. Empty without such rows."""
+    out = []
+    for path in paths:
+        ok = [r for r in json.loads(path.read_text())["rows"] if "output_throughput" in r]
+        at = {(r["variant"], r["workload"], r["concurrency"], r.get("load", 1), r.get("round", 1)): r for r in ok}
+
+        def ratios(r: dict, other: str, field: str) -> str:
+            got = []
+            for rnd in (1, 2):
+                mine = at.get((r["variant"], r["workload"], r["concurrency"], r.get("load", 1), rnd))
+                ref = at.get((other, r["workload"], r["concurrency"], r.get("load", 1), rnd))
+                if mine is None or ref is None or mine is ref:
+                    return ""
+                got.append(mine[field] / ref[field])
+            return " / ".join(f"{x:.2f}x" for x in (*got, math.sqrt(got[0] * got[1])))
+
+        for r in ok:
+            if r.get("round", 1) != 1 or r["variant"] == "sglang":
+                continue
+            cells = (ratios(r, "sglang", "output_throughput"), ratios(r, "sglang-replay", "output_throughput"),
+                     ratios(r, "sglang", "median_ttft_ms"))
+            if any(cells):
+                out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r['concurrency']} | {r.get('load', 1)} | "
+                           + " | ".join(cells) + " |")
+    if not out:
+        return ""
+    return "\n".join(["| model | variant | radix | concurrency | load | output vs SGLang: round 1 / round 2 / "
+                      "geometric mean | vs SGLang's replay: the same | TTFT median, x SGLang's: the same |",
+                      "|---|---|---|---|---|---|---|---|"] + out)
 
 
 _MEMORY_KEYS = ("max_running_requests", "max_total_num_tokens", "mamba_slots", "ssm_state_gb", "draft_snapshots_gb",
@@ -611,7 +664,7 @@ def merge(paths: list[pathlib.Path]) -> dict:
     """One ``serving-<model>.json`` of the rows of several runs of the same model, in the order given:
     each row gains ``run`` (its file's index in ``runs``, which keeps every file's ``meta`` and
     ``args``). A row that records a load as not run or failed is left out when a later file measured
-    the same (variant, radix strategy, workload, speculative, concurrency, load). Raises ValueError
+    the same (variant, radix strategy, workload, speculative, concurrency, load, round). Raises ValueError
     for files of different models."""
     files = [json.loads(p.read_text()) for p in paths]
     names = sorted({f["model"] for f in files})
@@ -620,7 +673,7 @@ def merge(paths: list[pathlib.Path]) -> dict:
 
     def key(r: dict) -> tuple:
         return (r["variant"], r["radix"], r.get("overlap", False), r["workload"], r.get("speculative"),
-                r.get("concurrency"), r.get("load"))
+                r.get("concurrency"), r.get("load"), r.get("round", 1))
 
     rows = [dict(r, run=i) for i, f in enumerate(files) for r in f["rows"]]
     last_measured = {key(r): i for i, r in enumerate(rows) if "output_throughput" in r}
@@ -677,6 +730,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="loads per concurrency on the same server (rows carry 'load' 1..N: the first runs the "
                          "server's first-use work, the later ones a warm server; under --workload prefix each "
                          "load starts with the radix cache flushed)")
+    ap.add_argument("--both-orders", action="store_true",
+                    help="run the variants in the order given, then once more in the reverse order, each server "
+                         "started afresh (rows carry 'round' 1 and 2 and 'position', the server's place in the run); "
+                         "--table compares each load with SGLang's of its round and gives the geometric mean of "
+                         "the two rounds' ratios, in which an advantage of running later cancels")
     ap.add_argument("--server-log-level", default="warning", choices=["warning", "info", "debug"],
                     help="the servers' --log-level; info logs each prefill batch and replayssm's first launch of each "
                          "kernel variant to servers.log")
@@ -793,17 +851,22 @@ def main(argv: list[str] | None = None) -> int:
                     model=model, meta=meta, config=models.CONFIGS[model], args=vars(args) | dict(
                         out=str(args.out), models_dir=str(args.models_dir)), rows=done + current), default=str) + "\n")
 
-            for variant in args.variants:
-                if not check_server.serves(variant, model):
-                    continue
-                # a capped variant's loads and server: only its concurrencies up to the cap
-                vargs = args if variant not in caps else argparse.Namespace(
-                    **(vars(args) | dict(concurrency=[c for c in args.concurrency if c <= caps[variant]])))
-                for strategy, overlap in dict.fromkeys(schedule(variant, s, args.overlap)
-                                                       for s in args.radix_strategies):
-                    rows += serve_and_measure(model, model_dir, variant, strategy, vargs, log, deadline, emit=write,
-                                              overlap=overlap)
-                    write([])
+            position = 0
+            orders = [args.variants] + ([args.variants[::-1]] if args.both_orders else [])
+            for run_round, variants in enumerate(orders, 1):
+                for variant in variants:
+                    if not check_server.serves(variant, model):
+                        continue
+                    # a capped variant's loads and server: only its concurrencies up to the cap
+                    vargs = args if variant not in caps else argparse.Namespace(
+                        **(vars(args) | dict(concurrency=[c for c in args.concurrency if c <= caps[variant]])))
+                    for strategy, overlap in dict.fromkeys(schedule(variant, s, args.overlap)
+                                                           for s in args.radix_strategies):
+                        position += 1
+                        rows += serve_and_measure(model, model_dir, variant, strategy, vargs, log, deadline,
+                                                  emit=write, overlap=overlap,
+                                                  placement=dict(round=run_round, position=position))
+                        write([])
     plot(rows_by_model, args.out / "serving.png")
     return 1 if any("error" in r for rows in rows_by_model.values() for r in rows) else 0
 
