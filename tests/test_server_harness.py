@@ -421,7 +421,7 @@ def test_serving_runs_each_variant_its_family_serves_and_writes_rows(tmp_path, m
 def test_both_orders_runs_the_variants_again_in_reverse_and_the_table_cancels_the_order(tmp_path, monkeypatch):
     """--both-orders starts every server a second time in the reverse order (rows carry round and
     position); the table compares each load with SGLang's of its own round, and the second table's
-    geometric mean of the two rounds cancels a factor a server's place in the run puts on it."""
+    geometric mean of the two rounds cancels a factor a server's place within its round puts on it."""
     import bench_serving
 
     calls = []

@@ -65,8 +65,10 @@ what SGLang advises after warm-up): without it a full collection in the server's
 can fall inside a load and hold every arriving request.
 
 ``--both-orders`` runs the variants once more in the reverse order, each server started afresh: a
-server's place in a run can favor it (the shared-prefix runs in BENCHMARKS.md), and the geometric mean
-of the two rounds' ratios, which ``--table`` gives, cancels a factor that place puts on its figures.
+server's place in a run can favor it (the shared-prefix runs in BENCHMARKS.md). In the geometric mean
+of the two rounds' ratios, which ``--table`` gives, a factor that a server's place within its round
+puts on its figures cancels; a cost that only the run's first server or first load pays does not, and
+the second loads of ``--repeat 2`` leave it out.
 
 ``--table JSON...`` prints the rows as markdown with their ratios to SGLang's and SGLang's replay's;
 ``--merge JSON... --merged FILE`` joins several runs of one model into one file (each row keeps its
@@ -602,9 +604,9 @@ def _round(row: dict, rounds: bool) -> str:
 def both_orders_table(paths: list[pathlib.Path]) -> str:
     """For the files of ``--both-orders`` runs: per (model, variant, radix strategy, concurrency, load)
     measured in both rounds, output tokens/s against SGLang's and SGLang's replay's and the median TTFT
-    as a multiple of SGLang's, each in round 1, in round 2 and their geometric mean. A factor that a
-    server's place in the run puts on its figures cancels in the mean, since each pair of servers ran
-    in both orders. Empty without such rows."""
+    as a multiple of SGLang's, each in round 1, in round 2 and their geometric mean. Each pair of
+    servers ran in both orders, so a factor that a server's place within its round puts on its figures
+    cancels in the mean. Empty without such rows."""
     out = []
     for path in paths:
         ok = [r for r in json.loads(path.read_text())["rows"] if "output_throughput" in r]
@@ -734,7 +736,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the variants in the order given, then once more in the reverse order, each server "
                          "started afresh (rows carry 'round' 1 and 2 and 'position', the server's place in the run); "
                          "--table compares each load with SGLang's of its round and gives the geometric mean of "
-                         "the two rounds' ratios, in which an advantage of running later cancels")
+                         "the two rounds' ratios, in which an advantage of a place within the round cancels (with "
+                         "--repeat 2, compare the second loads: a cost the run's first server pays does not cancel)")
     ap.add_argument("--server-log-level", default="warning", choices=["warning", "info", "debug"],
                     help="the servers' --log-level; info logs each prefill batch and replayssm's first launch of each "
                          "kernel variant to servers.log")
