@@ -92,6 +92,26 @@ def test_runner_refuses_a_missing_or_altered_kit(tmp_path):
     assert altered.returncode == 2 and "does not match .kit/manifest.json" in altered.stdout
 
 
+def test_runner_compiles_the_kits_bytecode_when_it_unpacks_it(tmp_path):
+    """The kit carries sources only; the runner compiles them as it unpacks them, before any process of
+    the run imports them (here the install of the tree after it fails: the copied tree is no project)."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+        for name, text in (("kitpkg/__init__.py", b""), ("kitpkg/mod.py", b"VALUE = 3\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text))
+    archive = buf.getvalue()
+    manifest = json.dumps(dict(sha256=hashlib.sha256(archive).hexdigest())).encode()
+    ran = _runner(tmp_path, {"manifest.json": manifest, "site.tar.xz": archive})
+    assert ran.returncode == 2                                    # the install of the copied tree
+    compiled = list((tmp_path / "site" / "kitpkg" / "__pycache__").glob("mod.*.pyc"))
+    assert len(compiled) == 1 and (tmp_path / "out" / "compileall.log").exists()
+
+
 def test_comparison_counts_identical_requests_and_the_first_difference():
     def result(*requests):
         return dict(single=[dict(output_ids=[1, 2, 3], logprobs=[-1.0, -2.0, -3.0])],

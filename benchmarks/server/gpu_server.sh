@@ -24,12 +24,13 @@ have=$(sha256sum "$kit/site.tar.xz" | cut -d' ' -f1)
 [ "$want" = "$have" ] || { echo "gpu_server.sh: $kit/site.tar.xz does not match $kit/manifest.json (sha256 $have, expected $want): rebuild the kit"; exit 2; }
 rm -rf "$SITE" && mkdir -p "$SITE"
 tar -C "$SITE" -xJf "$kit/site.tar.xz" || exit 2
-"$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" . > "$OUT/install.log" 2>&1 \
-    || { cat "$OUT/install.log"; exit 2; }
-# the kit carries no bytecode: compile it now, so that no server or client of a run compiles a module it
-# first imports while a load is timed (the processes that run first would pay for the later ones)
+# the kit carries no bytecode: compile it now (pip compiles replayssm below), so that no server or client
+# of a run compiles a module it first imports while a load is timed (the processes that run first would
+# pay for the later ones)
 "$PYTHON" -m compileall -q -j 0 "$SITE" > "$OUT/compileall.log" 2>&1 \
     || echo "gpu_server.sh: some modules of the kit did not compile (compileall.log); they compile when imported"
+"$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" . > "$OUT/install.log" 2>&1 \
+    || { cat "$OUT/install.log"; exit 2; }
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 "$PYTHON" - <<'PY'
 import importlib.metadata as md, sys, torch
