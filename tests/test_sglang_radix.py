@@ -57,27 +57,43 @@ def _forward_prep(req_pool, req):
     return slot
 
 
-def test_state_through_sglangs_radix_cache_matches_step_recurrence(server_args, replay_on):
+def _prefilled(req_pool, run, req):
+    """``req``'s slot after ModelRunner's slot work and its prefill, the twin refreshed alike."""
+    slot = _forward_prep(req_pool, req)
+    run.twin.refresh(slot)
+    run.prefill(slot)
+    return slot
+
+
+def _decode(run, req, slot, tokens):
+    """``tokens`` decode steps on ``slot``, each within tolerance of the recurrence, recorded as ``req``'s output."""
+    for token in tokens:
+        assert run.decode(slot) < TOL["fp8"]
+        req.output_ids.append(token)
+
+
+def _finish(cache, req, prompt_len):
+    """``req`` finishes after its output: SGLang donates its slot to the tree."""
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 
+    req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
+    req.refresh_fill_ids()
+    cache.checkpoint(req, up_to=prompt_len + len(req.output_ids))
+
+
+def test_state_through_sglangs_radix_cache_matches_step_recurrence(server_args, replay_on):
     req_pool = _req_pool()
     cache = _radix_cache(req_pool)
     run = Run(req_pool, replay_on, torch.Generator().manual_seed(7))
     prompt = list(range(10, 18))
     a, hit = _admit(cache, req_pool, "a", prompt)
     assert hit.device_prefix_len == 0 and req_pool.mamba_pool.replay.allocated.all()
-    slot_a = _forward_prep(req_pool, a)
-    run.twin.refresh(slot_a)
-    run.prefill(slot_a)
-    for t in range(6):                                           # window 4: the ring holds 2 tokens at the end
-        assert run.decode(slot_a) < TOL["fp8"]
-        a.output_ids.append(40 + t)
+    slot_a = _prefilled(req_pool, run, a)
+    _decode(run, a, slot_a, range(40, 46))                       # window 4: the ring holds 2 tokens at the end
     assert req_pool.mamba_pool.replay.cursors["count"][:, slot_a].eq(2).all()
     want = [run.oracle[layer, slot_a.item()].clone() for layer in range(len(LAYERS))]
 
-    a.finished_reason = FINISH_LENGTH(length=6)
-    a.refresh_fill_ids()
-    cache.checkpoint(a, up_to=len(prompt) + 6)                    # the finished slot is donated to the tree
+    _finish(cache, a, len(prompt))                                # the finished slot is donated to the tree
     # pending until the next reader: its ring still holds the 2 tokens
     assert req_pool.mamba_pool.replay.cursors["count"][:, slot_a].eq(2).all()
 
@@ -106,22 +122,14 @@ def test_a_cache_flush_drops_the_tree_and_the_next_request_on_its_slot_starts_cl
     with a finished request's donation still pending: the next request matches nothing, takes the same
     slot, and its clear flushes the pending ring before resetting it; its decode then follows the step
     recurrence from its own prefill."""
-    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
-
     req_pool = _req_pool()
     cache = _radix_cache(req_pool)
     run = Run(req_pool, replay_on, torch.Generator().manual_seed(11))
     prompt = list(range(20, 29))
     a, _ = _admit(cache, req_pool, "a", prompt)
-    slot_a = _forward_prep(req_pool, a)
-    run.twin.refresh(slot_a)
-    run.prefill(slot_a)
-    for t in range(7):                                           # window 4: the ring holds 3 tokens at the end
-        assert run.decode(slot_a) < TOL["fp8"]
-        a.output_ids.append(50 + t)
-    a.finished_reason = FINISH_LENGTH(length=7)
-    a.refresh_fill_ids()
-    cache.checkpoint(a, up_to=len(prompt) + 7)
+    slot_a = _prefilled(req_pool, run, a)
+    _decode(run, a, slot_a, range(50, 57))                       # window 4: the ring holds 3 tokens at the end
+    _finish(cache, a, len(prompt))
     mp = req_pool.mamba_pool
     assert mp.donations and mp.replay.cursors["count"][:, slot_a].eq(3).all()
 
@@ -137,6 +145,5 @@ def test_a_cache_flush_drops_the_tree_and_the_next_request_on_its_slot_starts_cl
     assert not mp.donations and mp.replay.cursors["count"][:, slot_c].eq(0).all()
     run.twin.refresh(slot_c)
     run.prefill(slot_c)
-    for _ in range(6):
-        assert run.decode(slot_c) < TOL["fp8"]
+    _decode(run, c, slot_c, range(60, 66))
     assert run.state_error(slot_c) < TOL["float32"]
