@@ -727,7 +727,7 @@ def test_each_prefix_load_starts_with_the_radix_cache_flushed(tmp_path, monkeypa
 
     fake_servers(monkeypatch)
     events = []
-    monkeypatch.setattr(bench_serving, "flush_cache", lambda port: events.append(("flush", port)))
+    monkeypatch.setattr(check_server, "flush_cache", lambda port: events.append(("flush", port)))
 
     class Client:
         def __init__(self, cmd, **kw):
@@ -757,9 +757,10 @@ def test_each_prefix_load_starts_with_the_radix_cache_flushed(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("status", [200, 400])
-def test_flush_cache_is_sglangs_post_and_a_refused_flush_is_an_error(status):
-    """``flush_cache`` posts to SGLang's /flush_cache with a wait for running requests; SGLang answers 400
-    when requests stayed in the server, which ends the load with the answer."""
+def test_sglangs_admin_posts_and_a_refused_one_is_an_error(status):
+    """``flush_cache`` posts to SGLang's /flush_cache with a wait for running requests, ``freeze_gc`` an
+    empty body, ``start_profile`` its request as JSON; SGLang answers 400 when requests stayed in the
+    server, which ends the load (or the check) with the answer."""
     import http.server
     import threading
 
@@ -769,8 +770,9 @@ def test_flush_cache_is_sglangs_post_and_a_refused_flush_is_an_error(status):
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
-            seen.append(self.path)
-            body = b"Cache flushed." if status == 200 else b"There are running requests."
+            data = self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append((self.path, self.headers.get("Content-Type") == "application/json", data))
+            body = b"done." if status == 200 else b"There are running requests."
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -782,16 +784,22 @@ def test_flush_cache_is_sglangs_post_and_a_refused_flush_is_an_error(status):
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    port = server.server_port
+    calls = [("/flush_cache", lambda: check_server.flush_cache(port)),
+             ("/freeze_gc", lambda: bench_serving.freeze_gc(port)),
+             ("/start_profile", lambda: bench_serving.start_profile(port, dict(num_steps=3, profile_id="decode")))]
     try:
-        if status == 200:
-            bench_serving.flush_cache(server.server_port)
-        else:
-            with pytest.raises(RuntimeError, match="/flush_cache answered 400: b'There are running requests.'"):
-                bench_serving.flush_cache(server.server_port)
+        for path, call in calls:
+            if status == 200:
+                call()
+            else:
+                with pytest.raises(RuntimeError, match=f"^{path} answered 400: b'There are running requests.'$"):
+                    call()
     finally:
         server.shutdown()
         server.server_close()
-    assert seen == ["/flush_cache?timeout=60"]
+    assert seen == [("/flush_cache?timeout=60", False, b""), ("/freeze_gc", False, b""),
+                    ("/start_profile", True, b'{"num_steps": 3, "profile_id": "decode"}')]
 
 
 def test_a_profile_that_never_starts_keeps_the_loads_row(tmp_path, monkeypatch):

@@ -88,8 +88,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import check_server  # noqa: E402
@@ -293,33 +291,12 @@ def freeze_gc(port: int) -> None:
     """SGLang's ``POST /freeze_gc``: the server's HTTP, scheduler and detokenizer processes move every
     object they hold to Python's permanent generation (``gc.freeze``), so that a full collection
     no longer walks them; RuntimeError unless it answers 200."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/freeze_gc", data=b"", method="POST")
-    with urllib.request.urlopen(req, timeout=60) as r:
-        if r.status != 200:
-            raise RuntimeError(f"/freeze_gc answered {r.status}: {r.read()[:200]!r}")
-
-
-def flush_cache(port: int) -> None:
-    """SGLang's ``POST /flush_cache``: the server drops its radix tree (and the slots it holds), so the
-    next load finds no prefix cached; it waits up to 60 s for the requests still in the server to
-    finish. RuntimeError unless it answers 200."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/flush_cache?timeout=60", data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=90) as r:
-            status, body = r.status, r.read()[:200]
-    except urllib.error.HTTPError as e:        # SGLang answers 400 when requests are still in the server
-        status, body = e.code, e.read()[:200]
-    if status != 200:
-        raise RuntimeError(f"/flush_cache answered {status}: {body!r}")
+    check_server.admin(port, "/freeze_gc")
 
 
 def start_profile(port: int, request: dict) -> None:
     """SGLang's ``POST /start_profile`` (its ``ProfileReq`` fields); RuntimeError unless it answers 200."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/start_profile", data=json.dumps(request).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        if r.status != 200:
-            raise RuntimeError(f"/start_profile answered {r.status}: {r.read()[:200]!r}")
+    check_server.admin(port, "/start_profile", request)
 
 
 def profile_load(client: subprocess.Popen, args, concurrency: int, load: int, log_name: str, log_start: int,
@@ -492,7 +469,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                 continue
             current = dict(concurrency=c, load=load)
             if args.workload == "prefix":
-                flush_cache(args.port)          # each load finds the tree empty, as the first one does
+                check_server.flush_cache(args.port)          # each load finds the tree empty, as the first one does
             log.write(f"\n===== {model} {variant} {label}: concurrency {c}, load {load}\n")
             log.flush()
             log_start = os.path.getsize(log.name)

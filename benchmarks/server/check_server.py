@@ -154,19 +154,28 @@ def post(port: int, payload: dict, timeout: float = 600) -> dict:
         return json.loads(r.read())
 
 
-def flush_cache(port: int, timeout: float = 60) -> None:
-    """Empty the server's radix cache (SGLang's ``/flush_cache``), retried while it refuses because
-    requests still run; RuntimeError if it never succeeds within ``timeout`` seconds."""
-    end = time.time() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/flush_cache", data=b""),
-                                        timeout=30):
-                return
-        except urllib.error.HTTPError as e:
-            if time.time() > end:
-                raise RuntimeError(f"/flush_cache refused for {timeout:.0f} s (HTTP {e.code})") from None
-        time.sleep(0.5)
+def admin(port: int, path: str, request: dict | None = None, timeout: float = 60) -> None:
+    """POST ``request`` (JSON; none: an empty body) to SGLang's admin endpoint ``path``
+    (``/flush_cache``, ``/freeze_gc``, ``/start_profile``); RuntimeError with the status and the start
+    of the answer unless it answers 200 (SGLang refuses with 400, for example a flush while requests
+    still run)."""
+    data = b"" if request is None else json.dumps(request).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method="POST",
+                                 headers={} if request is None else {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, body = r.status, r.read()[:200]
+    except urllib.error.HTTPError as e:
+        status, body = e.code, e.read()[:200]
+    if status != 200:
+        raise RuntimeError(f"{path.split('?')[0]} answered {status}: {body!r}")
+
+
+def flush_cache(port: int, timeout: int = 60) -> None:
+    """SGLang's ``POST /flush_cache``: the server drops its radix tree (and the slots it holds), so the
+    next request finds no prefix cached; SGLang waits up to ``timeout`` seconds for the requests still
+    in the server to finish. RuntimeError unless it answers 200."""
+    admin(port, f"/flush_cache?timeout={timeout}", timeout=timeout + 30)
 
 
 def generated(out: dict) -> dict:
