@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -80,6 +81,17 @@ def record(model, batch, what, us, nbytes, **extra):
         with open(JSONL, "a") as f:
             f.write(json.dumps(row) + "\n")
     print(f"{model:13s} b={batch:<4d} {what:34s} {us:9.1f} us {row['gbps']:8.1f} GB/s", flush=True)
+
+
+def peer_sources(peers: dict) -> dict:
+    """Where each loaded peer came from: its source file, and fla's version (``fla.__version__``), so a
+    run's JSON says which peers it timed."""
+    out = {}
+    for name, fn in peers.items():
+        out[name] = dict(file=inspect.getfile(fn))
+        if name.startswith("fla_"):
+            out[name]["version"] = getattr(sys.modules.get("fla"), "__version__", None)
+    return out
 
 
 def load_peers(root: str | None) -> dict:
@@ -504,7 +516,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump(dict(date=time.strftime("%Y-%m-%d", time.gmtime()),
                            commit=os.environ.get("REPLAYSSM_COMMIT", "unknown"), gpu=torch.cuda.get_device_name(),
-                           torch=torch.__version__, triton=triton.__version__, rows=RESULTS, summary=SUMMARY),
+                           torch=torch.__version__, triton=triton.__version__, command=" ".join(sys.argv),
+                           peers=peer_sources(peers), rows=RESULTS, summary=SUMMARY),
                       f, indent=1)
 
 

@@ -79,3 +79,28 @@ def test_bench_decode_summary_prices_sglang_as_the_tables_do(monkeypatch, capsys
         assert f"{row['sglang_us']:14.1f}" in printed
     qwen = next(r for r in summary if (r["model"], r["batch"]) == ("qwen3.5", 256))
     assert f"{qwen['sglang_us']:.1f}" == "169.7"                  # BENCHMARKS.md's hosts' layout table
+
+
+def test_bench_decode_records_which_peers_it_loaded(tmp_path, monkeypatch):
+    """A peers folder's fla package and SGLang file are loaded, and the JSON's ``peers`` names their
+    files and fla's own ``__version__`` (not a version written by hand)."""
+    import sys
+
+    import bench_decode
+    for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
+        monkeypatch.delitem(sys.modules, name)
+    (tmp_path / "fused_recurrent_linear_replayssm.py").write_text(
+        "def fused_recurrent_linear_replayssm_decode(*a, **k):\n    return None\n")
+    for pkg, body in [("fla", "__version__ = '0.0.7'\n"), ("fla/ops", ""),
+                      ("fla/ops/gated_delta_rule", "def fused_recurrent_gated_delta_rule(*a, **k):\n    pass\n"),
+                      ("fla/ops/kda", "")]:
+        (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
+        (tmp_path / pkg / "__init__.py").write_text(body)
+    (tmp_path / "fla/ops/kda/fused_recurrent.py").write_text("def fused_recurrent_kda_fwd(*a, **k):\n    pass\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    peers = bench_decode.load_peers(str(tmp_path))
+    assert sorted(peers) == ["fla_gdn", "fla_kda", "sglang"]          # no selective_state_update.py there
+    sources = bench_decode.peer_sources(peers)
+    assert sources["fla_gdn"] == dict(file=str(tmp_path / "fla/ops/gated_delta_rule/__init__.py"), version="0.0.7")
+    assert sources["fla_kda"] == dict(file=str(tmp_path / "fla/ops/kda/fused_recurrent.py"), version="0.0.7")
+    assert sources["sglang"] == dict(file=str(tmp_path / "fused_recurrent_linear_replayssm.py"))
