@@ -547,7 +547,8 @@ def table(paths: list[pathlib.Path]) -> str:
         rounds = any(r.get("round", 1) > 1 for r in data["rows"])
         for r in data["rows"]:
             if "output_throughput" not in r:
-                out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r.get('concurrency', '')} | "
+                workload = "" if r["workload"] == "decode" else f" ({r['workload']})"
+                out.append(f"| {r['model']}{workload} | {r['variant']} | {radix(r)} | {r.get('concurrency', '')} | "
                            f"{r.get('load', '')}{_round(r, rounds)} | {r['error']} | | | | | | | | | |")
                 continue
             key = (r["workload"], r["concurrency"], r.get("load", 1), r.get("round", 1))
@@ -580,8 +581,9 @@ def _round(row: dict, rounds: bool) -> str:
 
 def both_orders_table(paths: list[pathlib.Path]) -> str:
     """For the files of ``--both-orders`` runs: per (model, variant, radix strategy, concurrency, load)
-    measured in both rounds, output tokens/s against SGLang's and SGLang's replay's and the median TTFT
-    as a multiple of SGLang's, each in round 1, in round 2 and their geometric mean. Each pair of
+    measured in both rounds, output tokens/s against SGLang's and SGLang's replay's, the server's
+    decode rate against SGLang's (where the rows carry it) and the median TTFT as a multiple of
+    SGLang's, each in round 1, in round 2 and their geometric mean. Each pair of
     servers ran in both orders, so a factor that a server's place within its round puts on its figures
     cancels in the mean. Empty without such rows."""
     out = []
@@ -594,7 +596,7 @@ def both_orders_table(paths: list[pathlib.Path]) -> str:
             for rnd in (1, 2):
                 mine = at.get((r["variant"], r["workload"], r["concurrency"], r.get("load", 1), rnd))
                 ref = at.get((other, r["workload"], r["concurrency"], r.get("load", 1), rnd))
-                if mine is None or ref is None or mine is ref:
+                if mine is None or ref is None or mine is ref or not mine.get(field) or not ref.get(field):
                     return ""
                 got.append(mine[field] / ref[field])
             return " / ".join(f"{x:.2f}x" for x in (*got, math.sqrt(got[0] * got[1])))
@@ -603,15 +605,17 @@ def both_orders_table(paths: list[pathlib.Path]) -> str:
             if r.get("round", 1) != 1 or r["variant"] == "sglang":
                 continue
             cells = (ratios(r, "sglang", "output_throughput"), ratios(r, "sglang-replay", "output_throughput"),
-                     ratios(r, "sglang", "median_ttft_ms"))
+                     ratios(r, "sglang", "decode_tokens_per_s"), ratios(r, "sglang", "median_ttft_ms"))
             if any(cells):
-                out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r['concurrency']} | {r.get('load', 1)} | "
+                workload = "" if r["workload"] == "decode" else f" ({r['workload']})"
+                out.append(f"| {r['model']}{workload} | {r['variant']} | {radix(r)} | {r['concurrency']} | {r.get('load', 1)} | "
                            + " | ".join(cells) + " |")
     if not out:
         return ""
     return "\n".join(["| model | variant | radix | concurrency | load | output vs SGLang: round 1 / round 2 / "
-                      "geometric mean | vs SGLang's replay: the same | TTFT median, x SGLang's: the same |",
-                      "|---|---|---|---|---|---|---|---|"] + out)
+                      "geometric mean | vs SGLang's replay: the same | server decode rate vs SGLang: the same | "
+                      "TTFT median, x SGLang's: the same |",
+                      "|---|---|---|---|---|---|---|---|---|"] + out)
 
 
 _MEMORY_KEYS = ("max_running_requests", "max_total_num_tokens", "mamba_slots", "ssm_state_gb", "draft_snapshots_gb",
