@@ -453,7 +453,8 @@ def test_both_orders_runs_the_variants_again_in_reverse_and_the_table_cancels_th
         speed = (1.2 if variant == "replay-nvfp4" else 1.0) * late[(placement["position"] - 1) % 2 + 1]
         return [dict(model=model, variant=variant, radix=strategy, overlap=overlap, workload=args.workload,
                      concurrency=c, load=1, output_throughput=1000.0 * speed, median_itl_ms=1.0, p99_itl_ms=2.0,
-                     decode_tokens_per_s=(1.1 if variant == "replay-nvfp4" else 1.0) * 40000.0, median_ttft_ms=1000.0 / (1.25 if (placement["position"] - 1) % 2 else 1.0), **placement)
+                     decode_tokens_per_s=(1.1 if variant == "replay-nvfp4" else 1.0) * 40000.0,
+                     median_ttft_ms=1000.0 / (1.25 if (placement["position"] - 1) % 2 else 1.0), **placement)
                 for c in args.concurrency]
 
     monkeypatch.setattr(bench_serving, "serve_and_measure", fake)

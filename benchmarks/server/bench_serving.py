@@ -469,7 +469,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                 continue
             current = dict(concurrency=c, load=load)
             if args.workload == "prefix":
-                check_server.flush_cache(args.port)          # each load finds the tree empty, as the first one does
+                check_server.flush_cache(args.port)     # each load finds the tree empty, as the first one does
             log.write(f"\n===== {model} {variant} {label}: concurrency {c}, load {load}\n")
             log.flush()
             log_start = os.path.getsize(log.name)
@@ -547,8 +547,7 @@ def table(paths: list[pathlib.Path]) -> str:
         rounds = any(r.get("round", 1) > 1 for r in data["rows"])
         for r in data["rows"]:
             if "output_throughput" not in r:
-                workload = "" if r["workload"] == "decode" else f" ({r['workload']})"
-                out.append(f"| {r['model']}{workload} | {r['variant']} | {radix(r)} | {r.get('concurrency', '')} | "
+                out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r.get('concurrency', '')} | "
                            f"{r.get('load', '')}{_round(r, rounds)} | {r['error']} | | | | | | | | | |")
                 continue
             key = (r["workload"], r["concurrency"], r.get("load", 1), r.get("round", 1))
@@ -608,8 +607,8 @@ def both_orders_table(paths: list[pathlib.Path]) -> str:
                      ratios(r, "sglang", "decode_tokens_per_s"), ratios(r, "sglang", "median_ttft_ms"))
             if any(cells):
                 workload = "" if r["workload"] == "decode" else f" ({r['workload']})"
-                out.append(f"| {r['model']}{workload} | {r['variant']} | {radix(r)} | {r['concurrency']} | {r.get('load', 1)} | "
-                           + " | ".join(cells) + " |")
+                out.append(f"| {r['model']}{workload} | {r['variant']} | {radix(r)} | {r['concurrency']} | "
+                           f"{r.get('load', 1)} | " + " | ".join(cells) + " |")
     if not out:
         return ""
     return "\n".join(["| model | variant | radix | concurrency | load | output vs SGLang: round 1 / round 2 / "
