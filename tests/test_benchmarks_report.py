@@ -1,4 +1,5 @@
-"""BENCHMARKS.md's layer tables are what benchmarks/report.py prints from the raw results it cites."""
+"""BENCHMARKS.md's layer tables are what benchmarks/report.py prints from the raw results it cites, and its
+serving tables in both orders what bench_serving computes from theirs."""
 
 import sys
 from pathlib import Path
@@ -104,3 +105,35 @@ def test_bench_decode_records_which_peers_it_loaded(tmp_path, monkeypatch):
     assert sources["fla_gdn"] == dict(file=str(tmp_path / "fla/ops/gated_delta_rule/__init__.py"), version="0.0.7")
     assert sources["fla_kda"] == dict(file=str(tmp_path / "fla/ops/kda/fused_recurrent.py"), version="0.0.7")
     assert sources["sglang"] == dict(file=str(tmp_path / "fused_recurrent_linear_replayssm.py"))
+
+
+def test_serving_tables_in_both_orders_are_what_their_results_give():
+    """The both-orders serving tables in BENCHMARKS.md (decode loads of Qwen3.5 and Kimi-Linear, the
+    shared-prefix load) hold the ratios ``bench_serving`` computes from the results files they cite."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "server"))
+    import bench_serving
+
+    text = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    names = {"qwen3.5-9b": "Qwen3.5-9B", "kimi-linear-dense": "Kimi-Linear (dense)"}
+    files = [RESULTS / "serving-qwen3.5-9b-orders-h100.json", RESULTS / "serving-kimi-linear-dense-orders-h100.json"]
+    rows = [line.split(" | ") for line in bench_serving.both_orders_table(files).splitlines()[2:]]
+    assert len(rows) == 4
+    for cells in rows:
+        model, load, output, _, decode, ttft = cells[0].strip("| "), cells[4], cells[5], cells[6], cells[7], cells[8]
+        decode_rounds = " / ".join(decode.split(" / ")[:2])
+        row = f"| {names[model]} | {load} | {output} | {decode_rounds} | {ttft.rstrip(' |')} |"
+        assert row in text, row
+
+    data = json.loads((RESULTS / "serving-qwen3.5-9b-prefix-orders-h100.json").read_text())
+    at = {(r["variant"], r["round"], r["load"]): r for r in data["rows"]}
+    for rnd, first in ((1, "SGLang"), (2, "replay")):
+        for load in (1, 2):
+            s, r = at["sglang", rnd, load], at["replay-nvfp4", rnd, load]
+            row = (f"| {rnd} ({first}) | {load} | {s['output_throughput']:.0f} / {r['output_throughput']:.0f} "
+                   f"({r['output_throughput'] / s['output_throughput']:.2f}x) | {s['median_ttft_ms']:.0f} / "
+                   f"{r['median_ttft_ms']:.0f} ({r['median_ttft_ms'] / s['median_ttft_ms']:.2f}x) | "
+                   f"{r['p99_ttft_ms'] / s['p99_ttft_ms']:.2f}x | {s['cache_hit_rate_pct']:.1f} / "
+                   f"{r['cache_hit_rate_pct']:.1f} % |")
+            assert row in text, row
