@@ -99,9 +99,13 @@ def test_bench_decode_records_which_peers_it_loaded(tmp_path, monkeypatch):
         (tmp_path / pkg / "__init__.py").write_text(body)
     (tmp_path / "fla/ops/kda/fused_recurrent.py").write_text("def fused_recurrent_kda_fwd(*a, **k):\n    pass\n")
     monkeypatch.setattr(sys, "path", list(sys.path))
-    peers = bench_decode.load_peers(str(tmp_path))
+    try:
+        peers = bench_decode.load_peers(str(tmp_path))
+        sources = bench_decode.peer_sources(peers)
+    finally:       # this folder's fla must not stay importable: transformers would take its kernels
+        for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
+            del sys.modules[name]
     assert sorted(peers) == ["fla_gdn", "fla_kda", "sglang"]          # no selective_state_update.py there
-    sources = bench_decode.peer_sources(peers)
     assert sources["fla_gdn"] == dict(file=str(tmp_path / "fla/ops/gated_delta_rule/__init__.py"), version="0.0.7")
     assert sources["fla_kda"] == dict(file=str(tmp_path / "fla/ops/kda/fused_recurrent.py"), version="0.0.7")
     assert sources["sglang"] == dict(file=str(tmp_path / "fused_recurrent_linear_replayssm.py"))
