@@ -663,6 +663,7 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
                 kw["stdout"].write("[2026-12-06 22:15:51] LONG GARBAGE COLLECTION DETECTED | Generation 2 | "
                                    "Duration: 0.4712s | # Objects: gen0=1, gen1=2, gen2=3 | This may cause latency "
                                    "jitter.\n")
+                kw["stdout"].write("{:<40} {:<10.2f}\n".format("Max ITL (ms):", 512.45))   # the client's report
             kw["stdout"].flush()
             self.returncode = 0
 
@@ -683,10 +684,12 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
         # every concurrency's loads in turn on the one server
         assert [(r["concurrency"], r["load"], r["output_throughput"]) for r in rows] == [
             (1, 1, 10.0), (1, 2, 10.0), (4, 1, 40.0), (4, 2, 40.0)]
-        # each load's server rates and long collections come from its own part of the log, not an earlier load's
+        # each load's server rates, long collections and longest gap between tokens come from its own part of
+        # the log, not an earlier load's
         assert [r["decode_tokens_per_s"] for r in rows] == [1.5, 1.5, 4.5, 4.5]
         gc = dict(generation=2, s=0.4712, objects=6, at="2026-12-06 22:15:51")
         assert [r["long_collections"] for r in rows] == [[], [], [gc], [gc]]
+        assert [r.get("max_itl_ms") for r in rows] == [None, None, 512.45, 512.45]
         assert [len(r) for r in emitted] == [1, 2, 3, 4] and servers[-1].poll() is not None
         late = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "no_buffer", args, log,
                                                check_server.Deadline(10), emit=lambda r: None)

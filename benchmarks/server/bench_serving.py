@@ -228,6 +228,17 @@ _LONG_GC = re.compile(r"(?:^\[([^\]\n]*)\][^\n]*?)?LONG GARBAGE COLLECTION DETEC
                       r"Duration: ([\d.]+)s(?: \| # Objects: gen0=(\d+), gen1=(\d+), gen2=(\d+))?", re.M)
 
 
+_MAX_ITL = re.compile(r"^Max ITL \(ms\):\s+([\d.]+)", re.M)
+
+
+def max_itl(log_text: str) -> dict:
+    """``max_itl_ms``: the longest gap between two tokens of one request in a load, from the report
+    SGLang's client prints (its JSON leaves it out); {} without one. A pause that stalls every stream
+    (a full collection in the server's HTTP process while tokens stream) shows here, not in the p99."""
+    found = _MAX_ITL.findall(log_text)
+    return {"max_itl_ms": float(found[-1])} if found else {}
+
+
 def long_collections(log_text: str) -> list[dict]:
     """The garbage collections longer than ``LONG_GC_S`` the server's HTTP process logged (SGLang's
     long-collection warning), in log order: each ``{"generation", "s", "objects", "at"}``: its duration,
@@ -497,7 +508,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
             with open(log.name, "rb") as f:
                 f.seek(log_start)
                 text = f.read().decode(errors="replace")
-            row |= server_rates(text, c)
+            row |= server_rates(text, c) | max_itl(text)
             row["long_collections"] = long_collections(text)
             rows.append(row)
             emit(rows)
