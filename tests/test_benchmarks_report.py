@@ -1,6 +1,7 @@
 """BENCHMARKS.md's layer tables are what benchmarks/report.py prints from the raw results it cites, and its
 serving tables in both orders what bench_serving computes from theirs."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -8,6 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "server"))
+import bench_serving  # noqa: E402
 import report  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -85,8 +88,6 @@ def test_bench_decode_summary_prices_sglang_as_the_tables_do(monkeypatch, capsys
 def test_bench_decode_records_which_peers_it_loaded(tmp_path, monkeypatch):
     """A peers folder's fla package and SGLang file are loaded, and the JSON's ``peers`` names their
     files and fla's own ``__version__`` (not a version written by hand)."""
-    import sys
-
     import bench_decode
     for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
         monkeypatch.delitem(sys.modules, name)
@@ -114,11 +115,6 @@ def test_bench_decode_records_which_peers_it_loaded(tmp_path, monkeypatch):
 def test_serving_tables_in_both_orders_are_what_their_results_give():
     """The both-orders serving tables in BENCHMARKS.md (decode loads of Qwen3.5 and Kimi-Linear, the
     shared-prefix load) hold the ratios ``bench_serving`` computes from the results files they cite."""
-    import json
-
-    sys.path.insert(0, str(ROOT / "benchmarks" / "server"))
-    import bench_serving
-
     text = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
     names = {"qwen3.5-9b": "Qwen3.5-9B", "kimi-linear-dense": "Kimi-Linear (dense)"}
     files = [RESULTS / "serving-qwen3.5-9b-orders-h100.json", RESULTS / "serving-kimi-linear-dense-orders-h100.json"]
