@@ -687,13 +687,40 @@ def test_serving_writes_each_load_as_measured_and_keeps_to_the_deadline(tmp_path
         # each load's server rates, long collections and longest gap between tokens come from its own part of
         # the log, not an earlier load's
         assert [r["decode_tokens_per_s"] for r in rows] == [1.5, 1.5, 4.5, 4.5]
-        gc = dict(generation=2, s=0.4712, objects=6, at="2026-12-06 22:15:51")
+        gc = dict(generation=2, s=0.4712, objects=6, at="2026-12-06 22:15:51", during_decode=True)
         assert [r["long_collections"] for r in rows] == [[], [], [gc], [gc]]
         assert [r.get("max_itl_ms") for r in rows] == [None, None, 512.45, 512.45]
         assert [len(r) for r in emitted] == [1, 2, 3, 4] and servers[-1].poll() is not None
         late = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "no_buffer", args, log,
                                                check_server.Deadline(10), emit=lambda r: None)
     assert len(servers) == 1 and late[0]["error"].startswith("not started")
+
+
+def test_a_long_collection_says_whether_it_fell_while_every_request_decoded():
+    import bench_serving
+
+    def prefill(running, queued):
+        return (f"[2026-12-07 12:10:26] Prefill batch, #new-seq: 16, #new-token: 8192, #cached-token: 0, full token "
+                f"usage: 0.13, mamba usage: 0.15, #running-req: {running}, #queue-req: {queued}, #pending-token: 0, "
+                "cuda graph: True, input throughput (token/s): 148550.90\n")
+
+    def decode(running):
+        return (f"[2026-12-07 12:10:27] Decode batch, #running-req: {running}, #full token: 150532, full token usage: "
+                "0.74, mamba num: 1024, mamba usage: 0.80, cuda graph: True, gen throughput (token/s): 43952.60, "
+                "#queue-req: 0\n")
+
+    def collection(s):
+        return (f"[2026-12-07 12:10:27] LONG GARBAGE COLLECTION DETECTED | Generation 2 | Duration: {s}s | # Objects: "
+                "gen0=5, gen1=0, gen2=840556 | This may cause latency jitter.\n")
+
+    # the warm-up's decode (8 running) does not count; one collection among the prefill batches, one after
+    # the first decode batch of all 256
+    text = (decode(8) + prefill(3, 221) + collection(0.3219) + prefill(19, 205) + decode(256) + collection(0.3143)
+            + decode(256))
+    got = bench_serving.long_collections(text, 256)
+    assert [(c["s"], c["during_decode"]) for c in got] == [(0.3219, False), (0.3143, True)]
+    assert bench_serving.long_collections(text, 512)[1]["during_decode"] is False   # never all 512 running
+    assert bench_serving.long_collections(decode(256), 256) == []
 
 
 def test_freeze_gc_freezes_each_server_once_it_is_ready_and_the_rows_say_so(tmp_path, monkeypatch):

@@ -233,20 +233,25 @@ _MAX_ITL = re.compile(r"^Max ITL \(ms\):\s+([\d.]+)", re.M)
 
 def max_itl(log_text: str) -> dict:
     """``max_itl_ms``: the longest gap between two tokens of one request in a load, from the report
-    SGLang's client prints (its JSON leaves it out); {} without one. A pause that stalls every stream
-    (a full collection in the server's HTTP process while tokens stream) shows here, not in the p99."""
+    SGLang's client prints (its JSON leaves it out); {} without one. With every request sent at once it
+    is mostly the first admitted requests' wait between their first and second tokens while SGLang
+    prefills the others (no decode step runs between its prefill batches); a pause that stalls every
+    stream (a full collection in the server's HTTP process) shows here too, not in the p99."""
     found = _MAX_ITL.findall(log_text)
     return {"max_itl_ms": float(found[-1])} if found else {}
 
 
-def long_collections(log_text: str) -> list[dict]:
+def long_collections(log_text: str, concurrency: int) -> list[dict]:
     """The garbage collections longer than ``LONG_GC_S`` the server's HTTP process logged (SGLang's
-    long-collection warning), in log order: each ``{"generation", "s", "objects", "at"}``: its duration,
-    the objects the collector tracked after it (None where the line does not say) and the line's time
-    stamp (None without one)."""
-    return [dict(generation=int(g), s=float(d), objects=int(g0) + int(g1) + int(g2) if g0 else None,
-                 at=at or None)
-            for at, g, d, g0, g1, g2 in _LONG_GC.findall(log_text)]
+    long-collection warning), in log order: each ``{"generation", "s", "objects", "at", "during_decode"}``:
+    its duration, the objects the collector tracked after it (None where the line does not say), the
+    line's time stamp (None without one), and whether the scheduler had logged a decode batch with all
+    ``concurrency`` requests running before it (False: it fell while the requests arrived or were
+    prefilled, when no token streams)."""
+    decoding = [m.start() for m in _DECODE.finditer(log_text) if int(m.group(1)) == concurrency]
+    return [dict(generation=int(m[2]), s=float(m[3]), objects=int(m[4]) + int(m[5]) + int(m[6]) if m[4] else None,
+                 at=m[1] or None, during_decode=bool(decoding) and decoding[0] < m.start())
+            for m in _LONG_GC.finditer(log_text)]
 
 
 # what a server allocated at start (its INFO log: SGLang 0.5.17's mamba pool and scheduler lines,
@@ -509,7 +514,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
                 f.seek(log_start)
                 text = f.read().decode(errors="replace")
             row |= server_rates(text, c) | max_itl(text)
-            row["long_collections"] = long_collections(text)
+            row["long_collections"] = long_collections(text, c)
             rows.append(row)
             emit(rows)
             print(f"{model} {variant} ({label}) concurrency {c} load {load}: "
