@@ -114,7 +114,8 @@ CANDIDATES = {
                       (dict(rows=128, num_warps=4, chunk=16, stages=4, acc=True), 16),
                       (dict(rows=64, num_warps=1, chunk=64, stages=2, acc=False), 16),
                       # wider key chunks: each row's read is a longer contiguous run of the [V, K] state (by
-                      # ptxas, Triton 3.8, sm_90a: 168 to 239 registers, none spilling; not timed yet)
+                      # ptxas, Triton 3.8, sm_90a: 168 to 239 registers, none spilling); at batch 256 on an H100
+                      # all four were slower than the tiles in use (results/sweep-vk-wide-chunks-h100.json)
                       (dict(rows=32, num_warps=2, chunk=64, stages=3, acc=True), 16),
                       (dict(rows=64, num_warps=4, chunk=64, stages=2, acc=True), 16),
                       (dict(rows=16, num_warps=1, chunk=64, stages=3, acc=True), 16),
