@@ -248,9 +248,8 @@ def long_collections(log_text: str, concurrency: int) -> list[dict]:
     line's time stamp (None without one), and whether the scheduler had logged a decode batch with all
     ``concurrency`` requests running before it (False: it fell while the requests arrived or were
     prefilled, when no token streams)."""
-    decoding = [m.start() for m in _DECODE.finditer(log_text) if int(m.group(1)) == concurrency]
     return [dict(generation=int(m[2]), s=float(m[3]), objects=int(m[4]) + int(m[5]) + int(m[6]) if m[4] else None,
-                 at=m[1] or None, during_decode=bool(decoding) and decoding[0] < m.start())
+                 at=m[1] or None, during_decode=running_decode(log_text[:m.start()], concurrency))
             for m in _LONG_GC.finditer(log_text)]
 
 
