@@ -326,8 +326,8 @@ def solve_window(S, count, n_fold, origin, capacity, rk, rv, rbeta, rg, k_i, k_t
     for j in tl.static_range(BM):
         a_j = tl.sum(tl.where(e[None, :] == j, apt, 0.0), axis=1)                                       # [BM] over r
         b_j = tl.sum(tl.where(e == j, bw, 0.0), axis=0)
-        m_w = tl.where(e[:, None] == j, (b_j * (tl.where(e == j, 1.0, 0.0) - tl.sum(a_j[:, None] * m_w, axis=0)))[None, :],
-                       m_w)
+        m_j = b_j * (tl.where(e == j, 1.0, 0.0) - tl.sum(a_j[:, None] * m_w, axis=0))                  # row j of M
+        m_w = tl.where(e[:, None] == j, m_j[None, :], m_w)
     x = dot_fp32(x_k, S, tl.zeros([BM, BV], dtype=tl.float32), False, False, DOT)                     # [BM, BV]
     d_w = dot_fp32(m_w, vw - x, tl.zeros([BM, BV], dtype=tl.float32), False, False, DOT)
     S = dot_fp32(tl.trans(w_k), d_w, S * top, False, False, DOT)
