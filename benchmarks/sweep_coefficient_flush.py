@@ -13,13 +13,13 @@ before it. If each decode step appended its entry's row of M to the ring (a coef
 ``X = (e^Γ ⊙ K) S0``, ``D = M (V - X)``, ``S = e^{Γ_e} S0 + Wᵀ D``. ``_coefficient_flush_kernel``
 is that flush for a committed decode step (the step's own entry's row it derives itself, from its
 key products with the history); the ring's rows come here from the reference, so what this times
-is the flush pass such a ring would give, not yet what the decode steps would pay to fill it. With
-``derive`` the kernel derives M itself (forward substitution over the window's key products), which
-needs no ring change.
+is the flush pass such a ring would give, not yet what the decode steps would pay to fill it. The
+flush pass's ``solve`` tiles derive M in the program instead (``solve_window``, no ring change;
+``sweep_tiles.py --kinds flush_solve,flush_solve_vk``): the difference is what the derivation costs.
 
 Per model, layout (``kv``: ``[S, HV, K, V]``; ``vk``: the hosts' ``[S, HV, V, K]``) and read format,
 with every row flushing (15 history entries and the step's token): the replay pass in use
-(``replay_us``), each candidate tile (``candidates``: value rows, warps, ``derive``, µs), and the fold of the same
+(``replay_us``), each candidate tile (``candidates``: value rows, warps, µs), and the fold of the same
 step on the checkpoint (``checkpoint_fold_us``: the decode kernel folding cached d, what a flush costs
 without a read copy); ``rms_vs_replay`` is the candidate's new checkpoint against the replay's.
 """
@@ -63,7 +63,7 @@ def _coefficient_flush_kernel(
     scale, window, capacity, sr_base,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr,
     PER_CHANNEL: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr, ROW_CODE_BYTES: tl.constexpr,
-    CODE_MAX: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr, DOT: tl.constexpr, DERIVE: tl.constexpr,
+    CODE_MAX: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr, DOT: tl.constexpr,
 ):
     """The flush rows of a committed decode step (``count + 1 >= window``) folded from the ring's rows of M.
 
@@ -71,11 +71,7 @@ def _coefficient_flush_kernel(
     (entry ``count``), whose row of M is ``β (e - a M)`` with ``a_r = (e^{Γ_e - Γ_r} ⊙ k_r)·k``. Then
     ``X = (e^Γ ⊙ K) S0 [BM, BV]``, ``D = M (V - X)``, ``S = e^{Γ_e} S0 + Wᵀ D`` (``W_r = e^{Γ_e - Γ_r} ⊙ k_r``),
     all ``dot_fp32`` at precision ``DOT``; the output, the token's d, the checkpoint and its read copy
-    are stored and the token's raw inputs and row of M appended, as the replay stores them.
-
-    ``DERIVE``: M is not read from the ring but derived in the program, by forward substitution
-    over the window's key products (``reference.delta_window_coefficients``), which needs no ring
-    change; every value tile of a head derives it again."""
+    are stored and the token's raw inputs and row of M appended, as the replay stores them."""
     pid_v, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     sl = tl.load(slots + i)
     real = (sl >= 0) & (sl < num_slots)
@@ -129,37 +125,11 @@ def _coefficient_flush_kernel(
             x_k = tl.exp(gam)[:, None] * kw
             a = dec * tl.sum(kw * k_n.to(tl.float32)[None, :], axis=1)
             top = tl.exp(gam_e)
-        if DERIVE:
-            # M [BM, BM] by forward substitution over the window, from A'ᵀ [r, j] = (e^{Γ_j - Γ_r} ⊙ k_r)·k_j, r < j
-            bw = tl.where(tok, b_n, tl.load(rbeta + pos, mask=hist, other=0.0))                          # [BM]
-            if PER_CHANNEL:
-                apt = tl.zeros([BM, BM], dtype=tl.float32)
-                oc = tl.arange(0, 16)
-                for c0 in tl.static_range(0, K, 16):
-                    kc = tl.where(tok[:, None], tl.load(k + i * k_r + hk * k_h + c0 + oc).to(tl.float32)[None, :],
-                                  tl.load(rk + pos[:, None] * K + c0 + oc[None, :], mask=hist[:, None],
-                                          other=0.0).to(tl.float32))                                 # [BM, 16]
-                    gc = tl.where(tok[:, None], tl.load(g + i * g_r + h * g_h + c0 + oc).to(tl.float32)[None, :],
-                                  tl.load(rg + pos[:, None] * K + c0 + oc[None, :], mask=hist[:, None], other=0.0))
-                    gmc = tl.cumsum(gc, axis=0)
-                    pair = tl.exp(tl.minimum(gmc[None, :, :] - gmc[:, None, :], 0.0))                  # [r, j, 16]
-                    apt += tl.sum(kc[:, None, :] * kc[None, :, :] * pair, axis=2)
-            else:
-                apt = (dot_fp32(kw, tl.trans(kw), tl.zeros([BM, BM], dtype=tl.float32), False, False, DOT)
-                       * tl.exp(tl.minimum(gam[None, :] - gam[:, None], 0.0)))
-            apt = tl.where(e[:, None] < e[None, :], apt, 0.0)
-            m_w = tl.zeros([BM, BM], dtype=tl.float32)
-            for j in tl.static_range(BM):
-                a_j = tl.sum(tl.where(e[None, :] == j, apt, 0.0), axis=1)                                 # [BM] over r
-                b_j = tl.sum(tl.where(e == j, bw, 0.0), axis=0)
-                row = b_j * (tl.where(e == j, 1.0, 0.0) - tl.sum(a_j[:, None] * m_w, axis=0))
-                m_w = tl.where(e[:, None] == j, row[None, :], m_w)
-        else:
-            # M [BM, BM]: the ring's rows (columns up to their own entry), then the token's
-            low = e[None, :] <= e[:, None]
-            m_hist = tl.load(rm + pos[:, None] * BM + e[None, :], mask=hist[:, None] & low, other=0.0)
-            m_n = b_n * (tl.where(tok, 1.0, 0.0) - tl.sum(tl.where(hist, a, 0.0)[:, None] * m_hist, axis=0))
-            m_w = tl.where(tok[:, None], m_n[None, :], m_hist)
+        # M [BM, BM]: the ring's rows (columns up to their own entry), then the token's
+        low = e[None, :] <= e[:, None]
+        m_hist = tl.load(rm + pos[:, None] * BM + e[None, :], mask=hist[:, None] & low, other=0.0)
+        m_n = b_n * (tl.where(tok, 1.0, 0.0) - tl.sum(tl.where(hist, a, 0.0)[:, None] * m_hist, axis=0))
+        m_w = tl.where(tok[:, None], m_n[None, :], m_hist)
         S = load_ckpt_tile(ckpt + sl * c_s + h * c_h, c_k, c_v, pid_v * BV, V, K, BV).to(tl.float32)   # [K, BV]
         x = dot_fp32(x_k, S, tl.zeros([BM, BV], dtype=tl.float32), False, False, DOT)                 # [BM, BV]
         d_w = dot_fp32(m_w, vw - x, tl.zeros([BM, BV], dtype=tl.float32), False, False, DOT)
@@ -178,8 +148,7 @@ def _coefficient_flush_kernel(
         tl.store(rv + p_tok * V + ov, v_n, mask=vmask)
         if pid_v == 0:
             tl.store(rbeta + p_tok, b_n)
-            if not DERIVE:
-                tl.store(rm + p_tok * BM + e, m_n)
+            tl.store(rm + p_tok * BM + e, m_n)
             if PER_CHANNEL:
                 tl.store(rg + p_tok * K + ok, g_n)
             else:
@@ -193,17 +162,17 @@ def flush_launch(plan) -> "ops.Launch":
     return next(lc for lc in plan if lc.flush_pass)
 
 
-def coefficient_flush(lc, ring_m: torch.Tensor, rows: int, num_warps: int, derive: bool = False):
+def coefficient_flush(lc, ring_m: torch.Tensor, rows: int, num_warps: int):
     """Run ``_coefficient_flush_kernel`` on the buffers of ``lc`` (a committed decode step's flush
-    pass behind a read copy) with the coefficient ring ``ring_m [S, HV, C, BM]`` fp32 (with ``derive``
-    neither read nor written), ``rows`` value rows per program; returns Triton's compiled kernel."""
+    pass behind a read copy) with the coefficient ring ``ring_m [S, HV, C, BM]`` fp32, ``rows`` value
+    rows per program; returns Triton's compiled kernel."""
     a, c = lc.kwargs(), lc.constexprs
     if c["T"] != 1 or not c["COMMITTED"] or c.get("HAS_QS"):
         raise ValueError("lc: expected the flush pass of a committed decode step without q_scale")
     names = _coefficient_flush_kernel.arg_names
     const = dict(HK=c["HK"], HV=c["HV"], K=c["K"], V=c["V"], BV=rows, BM=c["BM"], PER_CHANNEL=c["PER_CHANNEL"],
                  CKPT_FMT=c["CKPT_FMT"], READ_FMT=c["READ_FMT"], ROW_CODE_BYTES=c["ROW_CODE_BYTES"],
-                 CODE_MAX=c["CODE_MAX"], ROWS_FROM_BLOCKS=c["ROWS_FROM_BLOCKS"], DOT=c["DOT"], DERIVE=derive)
+                 CODE_MAX=c["CODE_MAX"], ROWS_FROM_BLOCKS=c["ROWS_FROM_BLOCKS"], DOT=c["DOT"])
     S, HV, C = a["ring_d"].shape[:3]
     if ring_m.shape != (S, HV, C, c["BM"]) or ring_m.dtype != torch.float32 or not ring_m.is_contiguous():
         raise ValueError(f"ring_m: expected contiguous fp32 {(S, HV, C, c['BM'])}, got {tuple(ring_m.shape)} "
@@ -287,15 +256,15 @@ def main():
                 row = dict(model=model, batch=args.batch, layout=layout, read_format=rf,
                            replay_us=round(timed(lc.run), 2), checkpoint_fold_us=round(fold_us, 2), candidates=[])
                 restore()
-                for (bv, nw), derive in ((c, d) for d in (False, True) for c in CANDIDATES):
-                    cand = dict(rows=bv, num_warps=nw, derive=derive)
+                for bv, nw in CANDIDATES:
+                    cand = dict(rows=bv, num_warps=nw)
                     try:
-                        kernel = coefficient_flush(lc, ring_m, bv, nw, derive)
+                        kernel = coefficient_flush(lc, ring_m, bv, nw)
                         got = ckpt.float()
                         cand["rms_vs_replay"] = ((got - want).norm() / want.norm()).item()
                         cand["out_rms_vs_replay"] = ((out.float() - want_out).norm() / want_out.norm()).item()
                         restore()
-                        cand["us"] = round(timed(lambda: coefficient_flush(lc, ring_m, bv, nw, derive)), 2)
+                        cand["us"] = round(timed(lambda: coefficient_flush(lc, ring_m, bv, nw)), 2)
                         cand.update(regs=kernel.n_regs, spills=kernel.n_spills)
                     except Exception as ex:  # a tile that does not compile is reported, not fatal
                         cand["error"] = repr(ex)[:300]

@@ -42,16 +42,14 @@ def test_coefficients_give_the_windows_d(family):
     torch.testing.assert_close(head, M[:, :, :4, :4], rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("family,layout,read_format,derive", [
-    ("gdn", "kv", "nvfp4", False), ("gdn", "vk", "fp8", False), ("kda", "kv", "fp8", False),
-    ("kda", "vk", "nvfp4", False), ("gdn", "vk", "nvfp4", True), ("kda", "kv", "nvfp4", True)])
-def test_coefficient_flush_matches_the_replay_and_the_recurrence(family, layout, read_format, derive):
+@pytest.mark.parametrize("family,layout,read_format", [
+    ("gdn", "kv", "nvfp4"), ("gdn", "vk", "fp8"), ("kda", "kv", "fp8"), ("kda", "vk", "nvfp4")])
+def test_coefficient_flush_matches_the_replay_and_the_recurrence(family, layout, read_format):
     """Two pools take the same steps; at the step where three rows flush (one row does not, one is
     padded), one runs the flush pass in use (the replay), the other the coefficient flush from the
     ring's rows of M. Outputs and checkpoints agree with each other and with the fp64 recurrence,
     rings (but the fp32 d cache) and cursors are bit-exact, the coefficient rows appended are the
-    reference's, and the read copy is the encoding of the checkpoint it stored. With ``derive`` the
-    kernel derives M itself and leaves the coefficient ring as it was."""
+    reference's, and the read copy is the encoding of the checkpoint it stored."""
     spec = SPECS[family]
     HV, K, V = spec.num_v_heads, spec.head_k_dim, spec.head_v_dim
     cfg = rs.ReplayConfig(window=5, read_format=read_format)
@@ -99,8 +97,7 @@ def test_coefficient_flush_matches_the_replay_and_the_recurrence(family, layout,
             ring_m = torch.full((S, *ring["d"].shape[1:3], plan[1].constexprs["BM"]), float("nan"), device=DEVICE)
             scf.fill_coefficients(ring_m, ring["k"], ring["g"], ring["beta"], cur["count"][0], cur["origin"][0], rows)
             plan[0].run()
-            before = ring_m.clone()
-            scf.coefficient_flush(plan[1], ring_m, rows=16, num_warps=1, derive=derive)
+            scf.coefficient_flush(plan[1], ring_m, rows=16, num_warps=1)
         _advance(p, 0, rows, 1, True)
         outs.append(out[:, 0])
     replayed, coeff = pools
@@ -125,12 +122,9 @@ def test_coefficient_flush_matches_the_replay_and_the_recurrence(family, layout,
     window = torch.zeros_like(origin)
     window[flushed] = cfg.window
     scf.fill_coefficients(want_m, ring["k"], ring["g"], ring["beta"], window, origin, flushed)
-    if derive:
-        assert torch.equal(ring_m.nan_to_num(7.0), before.nan_to_num(7.0))
     for sl in flushed.tolist():
         pos = (int(origin[sl]) + cfg.window - 1) % ring_m.shape[2]
-        if not derive:
-            torch.testing.assert_close(ring_m[sl, :, pos], want_m[sl, :, pos], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ring_m[sl, :, pos], want_m[sl, :, pos], rtol=1e-5, atol=1e-6)
     codes = {x: b[0].clone() for x, b in coeff.read.items()}
     ops.refresh_read_copy(checkpoint=layer_state(coeff, 0)["checkpoint"], slots=flushed, read_codes=codes["codes"],
                           read_block_scale=codes["block_scale"], read_row_scale=codes["row_scale"], is_delta=True,
