@@ -3,8 +3,7 @@
     python benchmarks/sweep_tiles.py [--batch 256] [--models nemotron-h,qwen3.5,kimi-linear]
                                      [--kinds decode,decode_vk,read_fp8,read,verify,verify_read,flush,
                                               flush_replay,verify_flush,verify_fold,flush_replay_vk,
-                                              verify_flush_vk,flush_solve,flush_solve_vk,verify_solve,
-                                              verify_solve_vk]
+                                              verify_flush_vk]
                                      [--pick 0,-1] [--q-dtype bfloat16|float32] [--verify-tokens 2,4,8]
                                      [--checkpoint-dtype float32|float16_sr|bfloat16] [--json OUT.json]
 
@@ -29,9 +28,6 @@ candidate (the candidates must agree):
 - verify_fold: the same verify on the checkpoint, and one without flush rows, over the verify tiles:
   the tile in use, the same with its fold flipped (fold=True: the verify kernel folds its flush
   rows; fold=False: the flush pass does), then the verify candidates;
-- flush_solve, flush_solve_vk, verify_solve, verify_solve_vk (GDN / KDA): the columns of flush_replay,
-  flush_replay_vk, verify_flush (behind NVFP4) and verify_flush_vk, over the replay's tile in use and
-  then its window solved (``solve``) at several rows / warps / row programs;
 - flush_replay_vk, verify_flush_vk (GDN / KDA): flush_replay's columns, then the flush and
   staggered steps behind an fp8 read copy, and verify_flush's behind NVFP4 (all, half), on a
   [S, HV, V, K] checkpoint; the first row is the same step on [S, HV, K, V] at the kv tile in use
@@ -203,18 +199,6 @@ def register_caps(tile: dict) -> list[dict]:
     return caps + [dict(tile, maxnreg=168, row_programs=rp) for rp in (8, 16) if rp > tile["row_programs"]]
 
 
-# the window solved instead of replayed behind a read copy (solve: solve_window), (rows, warps, row_programs)
-SOLVE_TILES = [(16, 1, 4), (32, 1, 4), (32, 2, 4), (64, 2, 4), (64, 4, 4), (128, 4, 4), (32, 2, 16), (64, 4, 16)]
-# the solve kinds: the replay kind whose entry they sweep
-SOLVE_KINDS = {"flush_solve": "flush_replay", "flush_solve_vk": "flush_replay_vk", "verify_solve": "verify_flush",
-               "verify_solve_vk": "verify_flush_vk"}
-
-
-def solve_candidates(tile: dict) -> list[dict]:
-    """``tile`` (the replay's tile in use), then the same with its window solved at each of ``SOLVE_TILES``."""
-    return [dict(tile)] + [dict(tile, solve=True, rows=r, num_warps=w, row_programs=rp) for r, w, rp in SOLVE_TILES]
-
-
 # the _vk kinds whose first row is the same step on a [S, HV, K, V] checkpoint at the kv kind's tile in use
 KV_ROW = {"flush_replay_vk": "flush_replay", "verify_flush_vk": "verify_flush"}
 # kind -> [(column, read format, tokens, fill)]; the _vk kinds run on a [S, HV, V, K] checkpoint (the
@@ -244,9 +228,6 @@ SETUPS = {"decode": _DECODE, "decode_vk": _DECODE, "read_fp8": [("w=7", "fp8", 1
                               ("fp8 staggered", "fp8", 1, None)],
           "verify_flush_vk": [("nvfp4 all", "nvfp4", VERIFY_T, WINDOW - VERIFY_T),
                               ("nvfp4 half", "nvfp4", VERIFY_T, None)]}
-SETUPS.update(flush_solve=SETUPS["flush_replay"], flush_solve_vk=SETUPS["flush_replay_vk"],
-              verify_solve=[c for c in SETUPS["verify_flush"] if c[1] != "checkpoint"],
-              verify_solve_vk=SETUPS["verify_flush_vk"])
 ROWS: list[dict] = []   # every timed row, for --json
 JSON_PATH: str | None = None
 TILES_IN_USE = json.loads(json.dumps(ops.TILES))   # before the sweep sets candidates
@@ -284,14 +265,12 @@ def sweep(name, batch, kinds, pick=None, q_dtype=None, checkpoint_dtype="float32
     for kind in kinds:
         candidates = CANDIDATES[fam].get({"read_fp8": "decode", "verify_read": "verify", "verify_fold": "verify"}
                                          .get(kind, kind))
-        key = "verify" if kind == "verify_fold" else SOLVE_KINDS.get(kind, kind)   # the ops.TILES entry swept
+        key = "verify" if kind == "verify_fold" else kind                   # the ops.TILES entry swept
         if kind == "verify_fold":
             flipped = dict(saved["verify"], fold=not saved["verify"].get("fold", True))
             candidates = [saved["verify"], flipped] + candidates
         if kind in KV_ROW and fam == "delta":    # around the family's own entry (KDA's override delta's)
             candidates = vk_candidates(kind, {**ops.TILES["delta"], **ops.TILES.get(spec.family, {})}[kind])
-        if kind in SOLVE_KINDS and fam == "delta":
-            candidates = solve_candidates({**ops.TILES["delta"], **ops.TILES.get(spec.family, {})}[key])
         if candidates is None:                   # flush_replay and the _vk kinds are the delta families'
             continue
         columns = SETUPS[kind]

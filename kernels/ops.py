@@ -89,12 +89,6 @@ def _history_block(capacity: int, window: int, T: int) -> int:
     return max(16, triton.next_power_of_2(max(history, capacity - history, T)))
 
 
-def _solved_block(const: dict, window: int) -> dict:
-    """A flush pass that solves its window (``SOLVE``) holds every entry it folds in its block, a
-    decode's own token too: ``BM`` >= L (the history block holds L - 1)."""
-    return {"BM": max(const["BM"], triton.next_power_of_2(window))} if const.get("SOLVE") else {}
-
-
 def _strides(t: torch.Tensor, *names: str) -> dict:
     """The leading strides of ``t`` by kernel parameter name (as many as names)."""
     return dict(zip(names, t.stride()))
@@ -256,7 +250,7 @@ def delta_plan(checkpoint: torch.Tensor, read_codes: Optional[torch.Tensor], rea
                 **_strides(g, "g_r", "g_t", "g_h"), beta=beta, **_strides(beta, "be_r", "be_t"), out=out,
                 **_strides(out, "o_r", "o_t", "o_h"), scale=scale, window=window, capacity=C_cap, sr_base=sr_base)
     return [Launch.by_name("delta_step", kernel, (triton.cdiv(V, BV), HV, z), n, dict(args, n=n) if fp else args,
-                           {**c, "BV": BV, **_solved_block(c, window)}, nw, fp, maxnreg=mr)
+                           {**c, "BV": BV}, nw, fp, maxnreg=mr)
             for kernel, BV, z, c, nw, fp, mr in passes("kda" if per_channel else "delta", T, K, V,
                                                  (_delta_decode_kernel, _delta_verify_kernel, _delta_flush_kernel),
                                                  const, vk=checkpoint.stride(-2) == 1 and K > 1)]

@@ -63,10 +63,8 @@ def passes(family: str, T: int, cols: int, rows: int, kernels: tuple, const: dic
     if family == "mamba2":
         flush = dict(flush, CHUNK=min(flush["chunk"], cols), PADDED_T=tt)
     else:
-        # solve: behind a read copy, the window solved instead of replayed, on the [K, BV] tile (no key runs)
-        solve = flush.get("solve", False) and not on_checkpoint
-        flush = dict(flush, ROWS_FROM_BLOCKS=flush.get("rows_from_blocks", False), SOLVE=solve,
-                     KEY_RUNS=0 if solve else min(flush.get("key_runs", 0), cols))
+        flush = dict(flush, ROWS_FROM_BLOCKS=flush.get("rows_from_blocks", False),
+                     KEY_RUNS=min(flush.get("key_runs", 0), cols))
     if T == 0:                                                        # flush-only: the flush pass alone
         plan = []
     elif T > 1:
@@ -95,7 +93,7 @@ _CONSTEXPR_KEYS = (("CHUNK", "CHUNK"), ("CODES_PER_WORD", "CODES_PER_WORD"), ("C
                    ("PADDED_T", "PADDED_T"), ("STAGES", "stages"), ("FOLD_STAGES", "FOLD_STAGES"), ("DOT", "dot"),
                    ("ACC", "acc"), ("FOLD", "FOLD"), ("FOLD_CHUNK", "FOLD_CHUNK"), ("ROW_PROGRAMS", "ROW_PROGRAMS"),
                    ("SCAN_ROWS", "SCAN_ROWS"), ("ROWS_FROM_BLOCKS", "ROWS_FROM_BLOCKS"),
-                   ("KEY_RUNS", "KEY_RUNS"), ("SOLVE", "SOLVE"))
+                   ("KEY_RUNS", "KEY_RUNS"))
 
 
 def _blocks(plan: list[tuple], rows: int, const: dict) -> list[tuple]:

@@ -27,9 +27,7 @@ maxima, so that its divisions are not repeated in every lane along K; default Fa
 ``key_runs`` (the delta flush pass behind a read copy: its checkpoint tile as runs of this many key
 channels, value rows across the lanes, kept in that shape through the replay, so that each entry's
 reduction over K stays mostly within a thread on a ``[S, HV, V, K]`` checkpoint; default 0, one
-``[K, BV]`` tile); ``solve`` (the delta flush passes behind a read copy: the window solved from its
-key products, ``solve_window``, instead of replayed entry by entry; key runs then do not apply;
-default False); ``fold=False`` (sweeps and tests only: a step on the checkpoint takes the flush
+``[K, BV]`` tile); ``fold=False`` (sweeps and tests only: a step on the checkpoint takes the flush
 pass instead); ``heads`` (``gating``: value heads per program, a power of two, 0 for all of a
 token's heads); ``maxnreg`` (registers per thread the compiler may use, Triton's launch option;
 default uncapped: a cap buys warps per SM at the price of spills).

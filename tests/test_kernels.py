@@ -610,33 +610,6 @@ def test_vk_read_copy_passes_match_kv_and_reference(dims, family, read_format, c
     assert rms_ratio(pools["vk"].ring["d"], pools["reference"].ring["d"]) < tol
 
 
-SOLVE_CASES = [("tiny", "gdn", "nvfp4", "float32"), ("tiny", "gdn", "fp8", "float16_sr"),
-               ("tiny", "kda", "fp8", "float32"), ("tiny", "kda", "nvfp4", "bfloat16")]
-if CUDA:
-    SOLVE_CASES += [("real", f, "nvfp4", "float32") for f in ("gdn", "kda")]
-
-
-@pytest.mark.parametrize("dims,family,read_format,checkpoint_dtype", SOLVE_CASES)
-def test_a_solved_window_matches_kv_and_reference(dims, family, read_format, checkpoint_dtype, monkeypatch):
-    """The flush passes behind a read copy with ``solve`` tiles (the window solved from its key
-    products instead of replayed, ``solve_window``): the checks of
-    :func:`test_vk_read_copy_passes_match_kv_and_reference`, on both layouts, and every flush pass
-    launched took the solved form."""
-    for table in (ops.TILES["delta"], ops.TILES["kda"]):
-        for kind in ("flush_replay", "flush_replay_vk", "verify_flush", "verify_flush_vk"):
-            if kind in table:
-                monkeypatch.setitem(table, kind, dict(table[kind], solve=True))
-    solved = []
-    run = ops.launch
-
-    def launch(plan):
-        solved.extend(lc.constexprs["SOLVE"] for lc in plan if lc.flush_pass)
-        run(plan)
-    monkeypatch.setattr(ops, "launch", launch)
-    test_vk_read_copy_passes_match_kv_and_reference(dims, family, read_format, checkpoint_dtype, None, monkeypatch)
-    assert solved and all(solved)
-
-
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_a_register_cap_changes_no_bit(family, monkeypatch):
     """A tile's ``maxnreg`` (registers per thread) reaches the launch of its pass and changes no bit:

@@ -87,28 +87,6 @@ def delta_window_d(S0, k, v, beta, gam):
     return torch.linalg.solve_triangular(eye + A, R, upper=False, unitriangular=True)
 
 
-def delta_window_coefficients(k, gam, beta):
-    """The window's coefficient matrix ``M = (I + A)⁻¹ Diag(beta)``: ``[n, HV, m, m]`` fp32, lower triangular.
-
-    ``D = M (V - X)`` with ``X_j = S0ᵀ (exp(gam_j) ⊙ k_j)`` is :func:`delta_window_d` with the state's
-    part taken out: M depends on the keys, gates and betas only. Row j follows from the rows before it,
-        M_j = beta_j (e_j - Σ_{r<j} A'_{jr} M_r),   A'_{jr} = Σ_c k_{r,c} k_{j,c} exp(gam_{j,c} - gam_{r,c}),
-    so a step that appends entry j can append row j (README.md beside this file).
-
-    Args:
-        k, gam: from :func:`delta_window`. beta: ``[n, HV, m]``.
-    """
-    beta = beta.float()
-    pair = _pair_decay(gam, gam, strict=True)                                     # [n,HV,m,m,K]
-    Ap = torch.einsum("nhjrc,nhrc,nhjc->nhjr", pair, k, k)                          # strictly lower
-    m = Ap.shape[-1]
-    eye = torch.eye(m, dtype=Ap.dtype, device=Ap.device)
-    M = torch.zeros_like(Ap)
-    for j in range(m):
-        M[:, :, j] = beta[:, :, j, None] * (eye[j] - torch.einsum("nhr,nhrc->nhc", Ap[:, :, j], M))
-    return M
-
-
 def delta_window_outputs(S0, k, d, gam, q, scale):
     """Outputs of the last T window entries: ``[n, HV, T, V]`` fp32.
 

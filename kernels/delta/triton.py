@@ -51,7 +51,6 @@ def _delta_flush_kernel(
     PER_CHANNEL: tl.constexpr, HAS_QS: tl.constexpr, CKPT_FMT: tl.constexpr, READ_FMT: tl.constexpr,
     ROW_CODE_BYTES: tl.constexpr, CODE_MAX: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr,
     ROW_PROGRAMS: tl.constexpr, SCAN_ROWS: tl.constexpr, ROWS_FROM_BLOCKS: tl.constexpr, KEY_RUNS: tl.constexpr,
-    SOLVE: tl.constexpr,
 ):
     """Flush rows of a step (``count + T >= window``); other rows are left to the non-flush pass.
 
@@ -71,12 +70,9 @@ def _delta_flush_kernel(
     along K, as a ``[S, HV, V, K]`` checkpoint loads). ``KEY_RUNS`` > 0 (behind a read copy only): the
     replay holds the tile as runs of that many key channels, value rows across the lanes, from the
     load through the stores, so that an entry's reduction over K stays mostly within a thread where
-    K is the contiguous axis (README.md beside this file). ``SOLVE`` (behind a read copy, ``KEY_RUNS`` 0,
-    ``BM`` >= the entries folded): the window is solved instead of replayed (:func:`solve_window`)."""
+    K is the contiguous axis (README.md beside this file)."""
     tl.static_assert((not COMMITTED) or (T == 1), "a committed step takes one token")
     tl.static_assert(KEY_RUNS == 0 or READ_FMT != READ_CHECKPOINT, "key runs are a replay's (behind a read copy)")
-    tl.static_assert((not SOLVE) or (READ_FMT != READ_CHECKPOINT and KEY_RUNS == 0),
-                     "a solved window replaces the replay behind a read copy, on the [K, BV] tile")
     # a verify of T > 1 tokens on the checkpoint: the verify kernel has evaluated and appended every row's
     # tokens (T = 1 verifies run the decode kernel, which leaves flush rows to this pass)
     EVALUATED: tl.constexpr = (not COMMITTED) and (T > 1) and (READ_FMT == READ_CHECKPOINT)
@@ -173,15 +169,10 @@ def _delta_flush_kernel(
                     S += tl.dot(tl.trans(w_h), d_hist, input_precision=DOT)
                     j0 = count
                 else:
-                    j0 = n_fold if SOLVE else 0
+                    j0 = 0
+                # exact steps: the committed entries not folded above (all of them behind a read copy, else
+                # a decode's own token) replay on the checkpoint tile
                 dj = tl.zeros([BV], dtype=tl.float32)
-                if SOLVE:
-                    # behind a read copy, the window's d solved from its key products: no chain over the tile
-                    S, dj = solve_window(S, count, n_fold, origin, capacity, rk, rv, rbeta, rg, k_i, k_t, k_hd, v_i,
-                                         v_t, v_hd, beta_i, be_t, h, g_i, g_t, g_hd, ok, ov, vmask, K, V, BM, BV,
-                                         PER_CHANNEL, DOT)
-                # exact steps: the committed entries not folded above (all of them behind a read copy unless
-                # solved, else a decode's own token) replay on the checkpoint tile
                 for j in tl.range(j0, n_fold, num_stages=STAGES):
                     kj, vj, bj, gj = replay_entry(j, count, origin, capacity, rk, rv, rbeta, rg, k_i, k_t, k_hd, v_i,
                                                   v_t, v_hd, beta_i, be_t, h, g_i, g_t, g_hd, ok, ov, ok < K, vmask, K,
@@ -262,76 +253,6 @@ def _delta_flush_kernel(
                     if h % (HV // HK) == 0:
                         tl.store(rk + p * K + ok, tl.load(k + i * k_r + t * k_t + hk * k_h + ok))
         base += nf
-
-
-@triton.jit
-def solve_window(S, count, n_fold, origin, capacity, rk, rv, rbeta, rg, k_i, k_t, k_hd, v_i, v_t, v_hd, beta_i, be_t,
-                 b_hd, g_i, g_t, g_hd, ok, ov, vmask, K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr,
-                 BV: tl.constexpr, PER_CHANNEL: tl.constexpr, DOT: tl.constexpr):
-    """The window's first ``n_fold`` entries (the ring's ``count`` committed ones from ``origin``, then the
-    step's tokens, loaded as :func:`replay_entry` does) folded into the exact checkpoint tile ``S [K, BV]``
-    fp32 in closed form, ``BM >= n_fold``: returns the folded tile and the last entry's d ``[BV]``.
-
-    ``D = M (V - X)``, ``X_j = S0ᵀ(e^{Γ_j} ⊙ k_j)``, with ``M = (I + A)⁻¹ Diag(β)`` from the entries' key
-    products ``A'_jr = (e^{Γ_j - Γ_r} ⊙ k_r)·k_j`` (r < j) by forward substitution on ``[BM, BM]``
-    (``M_j = β_j (e_j - Σ_{r<j} A'_jr M_r)``, reference.delta_window_coefficients), then
-    ``S = e^{Γ_e} S0 + Wᵀ D``, ``W_r = e^{Γ_e - Γ_r} ⊙ k_r``: three ``dot_fp32`` products on the tile
-    instead of a chain of dependent reductions and updates. Exponents are differences with r <= j."""
-    KEY16: tl.constexpr = rk.dtype.element_ty.primitive_bitwidth == 16     # keys tf32 holds exactly
-    e = tl.arange(0, BM)
-    rj = e < count
-    tj = (e >= count) & (e < n_fold)
-    t = tl.maximum(e - count, 0)
-    pos = (origin + e) % capacity
-    kw = (tl.load(rk + pos[:, None] * K + ok[None, :], mask=rj[:, None], other=0.0).to(tl.float32)
-          + tl.load(k_i + t[:, None] * k_t + k_hd + ok[None, :], mask=tj[:, None], other=0.0).to(tl.float32))  # [BM, K]
-    vw = (tl.load(rv + pos[:, None] * V + ov[None, :], mask=rj[:, None] & vmask[None, :], other=0.0).to(tl.float32)
-          + tl.load(v_i + t[:, None] * v_t + v_hd + ov[None, :], mask=tj[:, None] & vmask[None, :],
-                    other=0.0).to(tl.float32))                                                          # [BM, BV]
-    bw = (tl.load(rbeta + pos, mask=rj, other=0.0)
-          + tl.load(beta_i + t * be_t + b_hd, mask=tj, other=0.0).to(tl.float32))                         # [BM]
-    if PER_CHANNEL:
-        gw = (tl.load(rg + pos[:, None] * K + ok[None, :], mask=rj[:, None], other=0.0)
-              + tl.load(g_i + t[:, None] * g_t + g_hd + ok[None, :], mask=tj[:, None], other=0.0).to(tl.float32))
-        gam = tl.cumsum(gw, axis=0)                                                                     # [BM, K]
-        gam_e = tl.sum(gw, axis=0)
-        w_k = tl.exp(tl.minimum(gam_e[None, :] - gam, 0.0)) * kw
-        x_k = tl.exp(gam) * kw
-        top = tl.exp(gam_e)[:, None]
-        # A'ᵀ [r, j] over chunks of key channels, each pair's decay its own (no split point keeps both
-        # factors of e^{Γ_j - Γ_r} below 1 for every pair)
-        KC: tl.constexpr = 16 if K >= 16 else K
-        oc = tl.arange(0, KC)
-        apt = tl.zeros([BM, BM], dtype=tl.float32)
-        for c0 in tl.static_range(0, K, KC):
-            kc = (tl.load(rk + pos[:, None] * K + c0 + oc[None, :], mask=rj[:, None], other=0.0).to(tl.float32)
-                  + tl.load(k_i + t[:, None] * k_t + k_hd + c0 + oc[None, :], mask=tj[:, None],
-                            other=0.0).to(tl.float32))                                                  # [BM, KC]
-            gc = tl.cumsum(tl.load(rg + pos[:, None] * K + c0 + oc[None, :], mask=rj[:, None], other=0.0)
-                           + tl.load(g_i + t[:, None] * g_t + g_hd + c0 + oc[None, :], mask=tj[:, None],
-                                     other=0.0).to(tl.float32), axis=0)
-            apt += tl.sum(kc[:, None, :] * kc[None, :, :] * tl.exp(tl.minimum(gc[None, :, :] - gc[:, None, :], 0.0)),
-                          axis=2)
-    else:
-        gw = tl.load(rg + pos, mask=rj, other=0.0) + tl.load(g_i + t * g_t + g_hd, mask=tj, other=0.0).to(tl.float32)
-        gam = tl.cumsum(gw, axis=0)                                                                     # [BM]
-        gam_e = tl.sum(gw, axis=0)
-        w_k = tl.exp(tl.minimum(gam_e - gam, 0.0))[:, None] * kw
-        x_k = tl.exp(gam)[:, None] * kw
-        top = tl.exp(gam_e)
-        apt = (dot_fp32(kw, tl.trans(kw), tl.zeros([BM, BM], dtype=tl.float32), KEY16, KEY16, DOT)
-               * tl.exp(tl.minimum(gam[None, :] - gam[:, None], 0.0)))
-    apt = tl.where(e[:, None] < e[None, :], apt, 0.0)
-    m_w = tl.zeros([BM, BM], dtype=tl.float32)
-    for j in tl.static_range(BM):
-        a_j = tl.sum(tl.where(e[None, :] == j, apt, 0.0), axis=1)                                       # [BM] over r
-        b_j = tl.sum(tl.where(e == j, bw, 0.0), axis=0)
-        m_j = b_j * (tl.where(e == j, 1.0, 0.0) - tl.sum(a_j[:, None] * m_w, axis=0))                  # row j of M
-        m_w = tl.where(e[:, None] == j, m_j[None, :], m_w)
-    x = dot_fp32(x_k, S, tl.zeros([BM, BV], dtype=tl.float32), False, False, DOT)                     # [BM, BV]
-    d_w = dot_fp32(m_w, vw - x, tl.zeros([BM, BV], dtype=tl.float32), False, False, DOT)
-    S = dot_fp32(tl.trans(w_k), d_w, S * top, False, False, DOT)
-    return S, tl.sum(tl.where((e == n_fold - 1)[:, None], d_w, 0.0), axis=0)
 
 
 @triton.jit
