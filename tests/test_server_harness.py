@@ -472,6 +472,21 @@ def test_both_orders_runs_the_variants_again_in_reverse_and_the_table_cancels_th
     summary = lines[lines.index("") + 3]
     assert summary == ("| qwen3.5-9b | replay-nvfp4 | extra_buffer, overlap | 256 | 1 | 1.80x / 0.80x / 1.20x |  "
                        "| 1.10x / 1.10x / 1.10x | 0.80x / 1.25x / 1.00x |")
+    # the same run split in two, round 2 alone with --reverse-round, the files merged: the same comparison
+    calls.clear()
+    for name, extra in (("first", []), ("second", ["--reverse-round"])):
+        assert bench_serving.main(["--models", "qwen3.5-9b", "--variants", "sglang", "replay-nvfp4", "--concurrency",
+                                   "256", *extra, "--out", str(tmp_path / name),
+                                   "--models-dir", str(tmp_path / "models")]) == 0
+    assert calls == [("sglang", dict(round=1, position=1)), ("replay-nvfp4", dict(round=1, position=2)),
+                     ("replay-nvfp4", dict(round=2, position=1)), ("sglang", dict(round=2, position=2))]
+    merged = tmp_path / "merged.json"
+    assert bench_serving.main(["--merge", str(tmp_path / "first" / "serving-qwen3.5-9b.json"),
+                               str(tmp_path / "second" / "serving-qwen3.5-9b.json"), "--merged", str(merged)]) == 0
+    split = bench_serving.table([merged]).splitlines()
+    assert split[split.index("") + 3] == summary
+    with pytest.raises(SystemExit):
+        bench_serving.main(["--both-orders", "--reverse-round", "--out", str(tmp_path / "refused")])
     # a run in one order has no second table
     one_order = ROOT / "benchmarks/results/serving-qwen3.5-9b-prefix-frozen-h100.json"
     assert "geometric mean" not in bench_serving.table([one_order])

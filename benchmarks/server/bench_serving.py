@@ -68,7 +68,8 @@ can fall inside a load and hold every arriving request.
 server's place in a run can favor it (the shared-prefix runs in BENCHMARKS.md). In the geometric mean
 of the two rounds' ratios, which ``--table`` gives, a factor that a server's place within its round
 puts on its figures cancels; a cost that only the run's first server or first load pays does not, and
-the second loads of ``--repeat 2`` leave it out.
+the second loads of ``--repeat 2`` leave it out. ``--reverse-round`` runs the second round alone, so
+that a both-orders run can be split in two (its files joined with ``--merge``).
 
 ``--table JSON...`` prints the rows as markdown with their ratios to SGLang's and SGLang's replay's;
 ``--merge JSON... --merged FILE`` joins several runs of one model into one file (each row keeps its
@@ -733,6 +734,10 @@ def main(argv: list[str] | None = None) -> int:
                          "--table compares each load with SGLang's of its round and gives the geometric mean of "
                          "the two rounds' ratios, in which an advantage of a place within the round cancels (with "
                          "--repeat 2, compare the second loads: a cost the run's first server pays does not cancel)")
+    ap.add_argument("--reverse-round", action="store_true",
+                    help="run only the reverse order, as round 2 of --both-orders (a both-orders run split in two: "
+                         "run round 1 without this flag, round 2 with it, join the files with --merge; --table "
+                         "then gives the same comparison)")
     ap.add_argument("--server-log-level", default="warning", choices=["warning", "info", "debug"],
                     help="the servers' --log-level; info logs each prefill batch and replayssm's first launch of each "
                          "kernel variant to servers.log")
@@ -801,6 +806,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             ap.error(str(e))
         return 0
+    if args.reverse_round and args.both_orders:
+        ap.error("--reverse-round: runs round 2 of --both-orders alone; expected one of the two flags")
     if args.repeat < 1:
         ap.error(f"--repeat: expected a positive count, got {args.repeat}")
     if args.request_rate is not None and not 0 < args.request_rate < float("inf"):
@@ -851,7 +858,8 @@ def main(argv: list[str] | None = None) -> int:
 
             position = 0
             orders = [args.variants] + ([args.variants[::-1]] if args.both_orders else [])
-            for run_round, variants in enumerate(orders, 1):
+            rounds = [(2, args.variants[::-1])] if args.reverse_round else list(enumerate(orders, 1))
+            for run_round, variants in rounds:
                 for variant in variants:
                     if not check_server.serves(variant, model):
                         continue
