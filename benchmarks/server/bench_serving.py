@@ -857,8 +857,9 @@ def main(argv: list[str] | None = None) -> int:
                         out=str(args.out), models_dir=str(args.models_dir)), rows=done + current), default=str) + "\n")
 
             position = 0
-            orders = [args.variants] + ([args.variants[::-1]] if args.both_orders else [])
-            rounds = [(2, args.variants[::-1])] if args.reverse_round else list(enumerate(orders, 1))
+            # (round, variants): the order given, then (--both-orders) the reverse; --reverse-round the reverse alone
+            rounds = ([] if args.reverse_round else [(1, args.variants)]) + (
+                [(2, args.variants[::-1])] if args.both_orders or args.reverse_round else [])
             for run_round, variants in rounds:
                 for variant in variants:
                     if not check_server.serves(variant, model):
