@@ -365,9 +365,10 @@ def test_serving_tokenizer_round_trips_every_id_through_transformers(tmp_path):
 @pytest.mark.parametrize("workload", ["decode", "prefix"])
 @pytest.mark.parametrize("tree", ["installed", "0.5.17"])
 def test_serving_client_command_is_one_sglangs_client_accepts(tmp_path, workload, tree):
-    """SGLang's own client parses the command and gets as far as waiting for the server (none runs).
-    The client's dataset package imports Hugging Face ``datasets`` for datasets these commands do not
-    use; where it is not installed, a module that raises on use stands in for it."""
+    """SGLang's own client parses the command and gets as far as waiting for the server (none runs); the
+    decode command asks for unstreamed responses (``--no-stream``). The client's dataset package imports
+    Hugging Face ``datasets`` for datasets these commands do not use; where it is not installed, a module
+    that raises on use stands in for it."""
     pytest.importorskip("sglang")
     import importlib.util
 
@@ -389,9 +390,10 @@ def test_serving_client_command_is_one_sglangs_client_accepts(tmp_path, workload
     bench_serving.write_tokenizer(tmp_path, 5000)
     args = bench_serving.main.__globals__["argparse"].Namespace(
         workload=workload, seed=0, waves=2, input_len=64, output_len=16, groups=2, prompts_per_group=2,
-        prefix_len=64, question_len=8, request_rate=32.0)
+        prefix_len=64, question_len=8, request_rate=32.0, no_stream=workload == "decode")
     cmd = bench_serving.client_command(1, tmp_path, 4, tmp_path / "out.jsonl", args) + ["--ready-check-timeout-sec", "1"]
     assert cmd[cmd.index("--request-rate") + 1] == "32.0"
+    assert ("--disable-stream" in cmd) == (workload == "decode")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     text = out.stdout + out.stderr
     assert "unrecognized arguments" not in text and "invalid choice" not in text, text[-3000:]
@@ -471,7 +473,7 @@ def test_both_orders_runs_the_variants_again_in_reverse_and_the_table_cancels_th
     assert lines[3].startswith(row.format(1, "1800 | 1.80x")) and lines[4].startswith(row.format(2, "1200 | 0.80x"))
     summary = lines[lines.index("") + 3]
     assert summary == ("| qwen3.5-9b | replay-nvfp4 | extra_buffer, overlap | 256 | 1 | 1.80x / 0.80x / 1.20x |  "
-                       "| 1.10x / 1.10x / 1.10x | 0.80x / 1.25x / 1.00x |")
+                       "| 1.10x / 1.10x / 1.10x |  | 0.80x / 1.25x / 1.00x |")
     # the same run split in two, round 2 alone with --reverse-round, the files merged: the same comparison
     calls.clear()
     for name, extra in (("first", []), ("second", ["--reverse-round"])):
@@ -642,7 +644,7 @@ def serving_args(**overrides):
         port=1, concurrency=[1, 4], input_len=8, output_len=4, workload="decode", no_prefill_graph=False,
         mem_fraction=0.5, sglang_arg=[], seed=0, waves=1, start_timeout=5, load_timeout=5, weights="sglang-dummy",
         speculative="none", repeat=1, server_log_level="warning", request_rate=None, profile_steps=0,
-        profile_prefill=0, profile_host=False, freeze_gc=False) | overrides)
+        profile_prefill=0, profile_host=False, freeze_gc=False, no_stream=False) | overrides)
 
 
 def fake_servers(monkeypatch) -> list:
@@ -764,6 +766,44 @@ def test_freeze_gc_freezes_each_server_once_it_is_ready_and_the_rows_say_so(tmp_
         rows = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "no_buffer",
                                                serving_args(port=7), log, check_server.Deadline(None))
     assert frozen == [7] and not any("freeze_gc" in r for r in rows)
+
+
+def test_no_stream_asks_for_whole_responses_and_the_table_compares_like_with_like(tmp_path, monkeypatch):
+    """--no-stream runs SGLang's client with --disable-stream and the rows say so; the table prints no
+    inter-token latency or time to first token for them (the client's TTFT is then the whole request)
+    and compares them only with rows of unstreamed loads."""
+    import bench_serving
+
+    fake_servers(monkeypatch)
+    commands = []
+
+    class Client:
+        def __init__(self, cmd, **kw):
+            commands.append(cmd)
+            out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
+            out.write_text(json.dumps(dict(output_throughput=30000.0, median_itl_ms=0.0, p99_itl_ms=0.0,
+                                           median_ttft_ms=2900.0)) + "\n")
+            self.returncode = 0
+
+        def poll(self):
+            return self.returncode
+
+    monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
+    with open(tmp_path / "log", "w") as log:
+        whole = bench_serving.serve_and_measure("kimi-linear", tmp_path, "replay-nvfp4", "extra_buffer",
+                                                serving_args(concurrency=[256], no_stream=True), log,
+                                                check_server.Deadline(None))
+        streamed = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "extra_buffer",
+                                                   serving_args(concurrency=[256]), log, check_server.Deadline(None))
+    assert ["--disable-stream" in cmd for cmd in commands] == [True, False]
+    assert [r["stream"] for r in whole + streamed] == [False, True]
+    path = tmp_path / "serving-kimi-linear.json"
+    path.write_text(json.dumps(dict(rows=[dict(r, decode_tokens_per_s=50000.0) for r in streamed + whole])))
+    lines = bench_serving.table([path]).splitlines()
+    assert lines[3] == ("| kimi-linear | replay-nvfp4 | extra_buffer | 256 | 1 | 30000 |  |  | not streamed |  |  |  "
+                        "| - / 50,000 | - / - |  |  |")
+    # SGLang's streamed row: an ITL of 0 ms would be a token interval ratio of 0.00, not a comparison
+    assert lines[2].split(" | ")[10] == "0.00"
 
 
 def test_each_prefix_load_starts_with_the_radix_cache_flushed(tmp_path, monkeypatch):
@@ -1017,18 +1057,20 @@ def test_serving_table_compares_each_load_with_sglangs(tmp_path):
                                           dict(model="m", variant="replay-nvfp4", radix="no_buffer",
                                                workload="decode", error="RuntimeError: boom")])))
     lines = bench_serving.table([path]).splitlines()
+    # ITL / server token interval: 10 ms against 64 requests' tokens at 12,000 tok/s, one per 5.33 ms
     assert lines[4] == ("| m | sglang-replay | no_buffer | 64 | 1 | 2400 | 0.80x |  | 10.00 / 20.00 | 1.20x "
-                        "| 50 (1.00x) "
+                        "| 1.88 | 50 (1.00x) "
                         "| - / 12,000 | 1.50x / - |  |  |")
     # each load against SGLang's and SGLang's replay's load of the same number on its server
     assert lines[5] == ("| m | replay-fp32 | no_buffer | 64 | 1 | 3600 | 1.20x | 1.50x | 8.00 / 16.00 | 1.50x "
-                        "| 75 (1.50x) "
+                        "| 1.80 | 75 (1.50x) "
                         "| 26,432 / 14,391 | 1.80x / 1.20x |  |  |")
     assert lines[6] == ("| m | replay-fp32 | no_buffer | 64 | 2 | 3000 | 1.50x |  | 8.00 / 16.00 | 2.00x "
-                        "| 50 (1.00x) "
+                        "| 1.12 | 50 (1.00x) "
                         "| - / 9,000 | - / - |  |  |")
-    assert lines[7] == "| m | replay-fp32 | no_buffer | 256 | 1 | 4000 |  |  | 10.00 / 20.00 |  | 50 | - / - | - / - |  |  |"
-    assert "RuntimeError: boom" in lines[8]
+    assert lines[7] == ("| m | replay-fp32 | no_buffer | 256 | 1 | 4000 |  |  | 10.00 / 20.00 |  |  | 50 | - / - "
+                        "| - / - |  |  |")
+    assert "RuntimeError: boom" in lines[8] and lines[8].count("|") == lines[7].count("|")
 
 
 def test_serving_merge_keeps_every_runs_rows_and_meta_and_drops_a_load_a_later_run_measured(tmp_path):

@@ -179,12 +179,15 @@ def server_command(variant: str, model_dir: pathlib.Path, family: str, strategy:
 
 def client_command(port: int, model_dir: pathlib.Path, concurrency: int, out_file: pathlib.Path, args) -> list[str]:
     """SGLang's benchmark client at one concurrency (``--num-prompts``: ``--waves`` requests per slot),
-    sending requests at ``--request-rate`` per second (Poisson arrivals; None: all at once)."""
+    sending requests at ``--request-rate`` per second (Poisson arrivals; None: all at once); with
+    ``--no-stream`` each request asks for its tokens in one response (the client's ``--disable-stream``)."""
     common = [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host", "127.0.0.1",
               "--port", str(port), "--tokenizer", str(model_dir), "--model", str(model_dir), "--request-rate",
               "inf" if args.request_rate is None else str(args.request_rate),
               "--max-concurrency", str(concurrency), "--seed", str(args.seed), "--output-file", str(out_file),
               "--disable-tqdm", "--warmup-requests", str(min(concurrency, 8))]
+    if args.no_stream:                          # each request's tokens in one response at its end
+        common.append("--disable-stream")
     if args.workload == "prefix":
         return common + ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(args.groups),
                          "--gsp-prompts-per-group", str(args.prompts_per_group), "--gsp-system-prompt-len",
@@ -450,7 +453,7 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
     family = models.FAMILIES[model]
     cmd = server_command(variant, model_dir, family, strategy, args, overlap)
     base = dict(model=model, variant=variant, radix=strategy, overlap=overlap, workload=args.workload,
-                speculative=args.speculative, **(placement or {}))
+                speculative=args.speculative, stream=not args.no_stream, **(placement or {}))
     label = strategy + (", overlap" if overlap else "")
     rows: list[dict] = []
     if deadline.left(60) < 60:
@@ -517,9 +520,10 @@ def serve_and_measure(model: str, model_dir: pathlib.Path, variant: str, strateg
             row["long_collections"] = long_collections(text, c)
             rows.append(row)
             emit(rows)
+            latency = (f", ITL median {row.get('median_itl_ms', 0):.2f} ms, TTFT median "
+                       f"{row.get('median_ttft_ms', 0):.0f} ms" if row["stream"] else ", not streamed")
             print(f"{model} {variant} ({label}) concurrency {c} load {load}: "
-                  f"{row.get('output_throughput', 0):.0f} tok/s, ITL median {row.get('median_itl_ms', 0):.2f} ms, "
-                  f"TTFT median {row.get('median_ttft_ms', 0):.0f} ms ({time.time() - t1:.0f} s)"
+                  f"{row.get('output_throughput', 0):.0f} tok/s{latency} ({time.time() - t1:.0f} s)"
                   + (f"; {row['listen_overflows']} connections found the listen queue full (somaxconn "
                      f"{row['somaxconn']})" if row.get("listen_overflows") else ""), flush=True)
     except Exception as e:                      # noqa: BLE001 - recorded; the next variant runs
@@ -546,17 +550,24 @@ def table(paths: list[pathlib.Path]) -> str:
     decode rates during the load (``server_rates``) where logged, the decode rate against SGLang's and
     SGLang's replay's (a load's output tokens/s also carries its prefill; the decode rate is the steps
     alone). Rows of a ``--both-orders`` run are compared within their round, and a second table gives,
-    per load, both rounds' ratios and their geometric mean."""
+    per load, both rounds' ratios and their geometric mean.
+
+    "ITL / server token interval" is the median inter-token latency the client saw over the interval
+    at which the server made each request's tokens (``concurrency`` over its decode rate): about 1 where
+    the streamed tokens reach the client as fast as the server makes them, above 1 where their delivery
+    (SGLang's HTTP process and the client, each one Python thread) is slower than the server's decode,
+    so that the output tokens/s measures the delivery. Rows of a ``--no-stream`` run (``stream``
+    false) have no inter-token latency or time to first token, and are compared only with such rows."""
     out = ["| model | variant | radix | concurrency | load | output tok/s | vs SGLang | vs SGLang's replay "
-           "| ITL median / p99 ms | ITL vs SGLang | TTFT median ms (x SGLang's) | server prefill / decode tok/s "
-           "| decode vs SGLang / SGLang's replay | cache hit | accept length |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| ITL median / p99 ms | ITL vs SGLang | ITL / server token interval | TTFT median ms (x SGLang's) "
+           "| server prefill / decode tok/s | decode vs SGLang / SGLang's replay | cache hit | accept length |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
         data = json.loads(path.read_text())
         ok = [r for r in data["rows"] if "output_throughput" in r]
 
         def by_load(variant: str) -> dict:
-            return {(r["workload"], r["concurrency"], r.get("load", 1), r.get("round", 1)): r
+            return {(r["workload"], r["concurrency"], r.get("load", 1), r.get("round", 1), r.get("stream", True)): r
                     for r in ok if r["variant"] == variant}
 
         base, replay = by_load("sglang"), by_load("sglang-replay")
@@ -564,15 +575,22 @@ def table(paths: list[pathlib.Path]) -> str:
         for r in data["rows"]:
             if "output_throughput" not in r:
                 out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r.get('concurrency', '')} | "
-                           f"{r.get('load', '')}{_round(r, rounds)} | {r['error']} | | | | | | | | | |")
+                           f"{r.get('load', '')}{_round(r, rounds)} | {r['error']} | | | | | | | | | | |")
                 continue
-            key = (r["workload"], r["concurrency"], r.get("load", 1), r.get("round", 1))
+            streamed = r.get("stream", True)
+            key = (r["workload"], r["concurrency"], r.get("load", 1), r.get("round", 1), streamed)
             b, s = base.get(key), replay.get(key)
             tok = f"{r['output_throughput'] / b['output_throughput']:.2f}x" if b and r is not b else ""
             vs_replay = f"{r['output_throughput'] / s['output_throughput']:.2f}x" if s and r is not s else ""
-            itl = f"{b['median_itl_ms'] / r['median_itl_ms']:.2f}x" if b and r is not b else ""
-            ttft = f"{r['median_ttft_ms']:.0f}" + (f" ({r['median_ttft_ms'] / b['median_ttft_ms']:.2f}x)"
-                                                   if b and r is not b else "")
+            if streamed:
+                latency = f"{r['median_itl_ms']:.2f} / {r['p99_itl_ms']:.2f}"
+                itl = f"{b['median_itl_ms'] / r['median_itl_ms']:.2f}x" if b and r is not b else ""
+                lag = (f"{r['median_itl_ms'] * r['decode_tokens_per_s'] / (1000.0 * r['concurrency']):.2f}"
+                       if r.get("decode_tokens_per_s") else "")
+                ttft = f"{r['median_ttft_ms']:.0f}" + (f" ({r['median_ttft_ms'] / b['median_ttft_ms']:.2f}x)"
+                                                       if b and r is not b else "")
+            else:
+                latency, itl, lag, ttft = "not streamed", "", "", ""
             rates = " / ".join(f"{r[k]:,.0f}" if k in r else "-" for k in ("prefill_tokens_per_s",
                                                                           "decode_tokens_per_s"))
             decode = " / ".join(f"{r['decode_tokens_per_s'] / o['decode_tokens_per_s']:.2f}x"
@@ -581,8 +599,8 @@ def table(paths: list[pathlib.Path]) -> str:
             hit, accept = r.get("cache_hit_rate_pct"), r.get("accept_length")
             out.append(f"| {r['model']} | {r['variant']} | {radix(r)} | {r['concurrency']} | {r.get('load', 1)}"
                        f"{_round(r, rounds)} | "
-                       f"{r['output_throughput']:.0f} | {tok} | {vs_replay} | {r['median_itl_ms']:.2f} / "
-                       f"{r['p99_itl_ms']:.2f} | {itl} | {ttft} | {rates} | {decode} | "
+                       f"{r['output_throughput']:.0f} | {tok} | {vs_replay} | {latency} | {itl} | {lag} | {ttft} | "
+                       f"{rates} | {decode} | "
                        f"{'' if hit is None else f'{hit:.1f} %'} | {'' if accept is None else f'{accept:.2f}'} |")
     orders = both_orders_table(paths)
     memory = memory_table(paths)
@@ -597,20 +615,21 @@ def _round(row: dict, rounds: bool) -> str:
 def both_orders_table(paths: list[pathlib.Path]) -> str:
     """For the files of ``--both-orders`` runs: per (model, variant, radix strategy, concurrency, load)
     measured in both rounds, output tokens/s against SGLang's and SGLang's replay's, the server's
-    decode rate against SGLang's (where the rows carry it) and the median TTFT as a multiple of
+    decode rate against the same two (where the rows carry it) and the median TTFT as a multiple of
     SGLang's, each in round 1, in round 2 and their geometric mean. Each pair of
     servers ran in both orders, so a factor that a server's place within its round puts on its figures
     cancels in the mean. Empty without such rows."""
     out = []
     for path in paths:
         ok = [r for r in json.loads(path.read_text())["rows"] if "output_throughput" in r]
-        at = {(r["variant"], r["workload"], r["concurrency"], r.get("load", 1), r.get("round", 1)): r for r in ok}
+        at = {(r["variant"], r["workload"], r["concurrency"], r.get("load", 1), r.get("stream", True),
+               r.get("round", 1)): r for r in ok}
 
         def ratios(r: dict, other: str, field: str) -> str:
             got = []
             for rnd in (1, 2):
-                mine = at.get((r["variant"], r["workload"], r["concurrency"], r.get("load", 1), rnd))
-                ref = at.get((other, r["workload"], r["concurrency"], r.get("load", 1), rnd))
+                load = (r["workload"], r["concurrency"], r.get("load", 1), r.get("stream", True), rnd)
+                mine, ref = at.get((r["variant"], *load)), at.get((other, *load))
                 if mine is None or ref is None or mine is ref or not mine.get(field) or not ref.get(field):
                     return ""
                 got.append(mine[field] / ref[field])
@@ -620,7 +639,8 @@ def both_orders_table(paths: list[pathlib.Path]) -> str:
             if r.get("round", 1) != 1 or r["variant"] == "sglang":
                 continue
             cells = (ratios(r, "sglang", "output_throughput"), ratios(r, "sglang-replay", "output_throughput"),
-                     ratios(r, "sglang", "decode_tokens_per_s"), ratios(r, "sglang", "median_ttft_ms"))
+                     ratios(r, "sglang", "decode_tokens_per_s"), ratios(r, "sglang-replay", "decode_tokens_per_s"),
+                     ratios(r, "sglang", "median_ttft_ms") if r.get("stream", True) else "")
             if any(cells):
                 workload = "" if r["workload"] == "decode" else f" ({r['workload']})"
                 out.append(f"| {r['model']}{workload} | {r['variant']} | {radix(r)} | {r['concurrency']} | "
@@ -629,8 +649,8 @@ def both_orders_table(paths: list[pathlib.Path]) -> str:
         return ""
     return "\n".join(["| model | variant | radix | concurrency | load | output vs SGLang: round 1 / round 2 / "
                       "geometric mean | vs SGLang's replay: the same | server decode rate vs SGLang: the same | "
-                      "TTFT median, x SGLang's: the same |",
-                      "|---|---|---|---|---|---|---|---|---|"] + out)
+                      "server decode rate vs SGLang's replay: the same | TTFT median, x SGLang's: the same |",
+                      "|---|---|---|---|---|---|---|---|---|---|"] + out)
 
 
 _MEMORY_KEYS = ("max_running_requests", "max_total_num_tokens", "mamba_slots", "ssm_state_gb", "draft_snapshots_gb",
@@ -662,7 +682,7 @@ def merge(paths: list[pathlib.Path]) -> dict:
     """One ``serving-<model>.json`` of the rows of several runs of the same model, in the order given:
     each row gains ``run`` (its file's index in ``runs``, which keeps every file's ``meta`` and
     ``args``). A row that records a load as not run or failed is left out when a later file measured
-    the same (variant, radix strategy, workload, speculative, concurrency, load, round). Raises ValueError
+    the same (variant, radix strategy, workload, speculative, streaming, concurrency, load, round). Raises ValueError
     for files of different models."""
     files = [json.loads(p.read_text()) for p in paths]
     names = sorted({f["model"] for f in files})
@@ -671,7 +691,7 @@ def merge(paths: list[pathlib.Path]) -> dict:
 
     def key(r: dict) -> tuple:
         return (r["variant"], r["radix"], r.get("overlap", False), r["workload"], r.get("speculative"),
-                r.get("concurrency"), r.get("load"), r.get("round", 1))
+                r.get("stream", True), r.get("concurrency"), r.get("load"), r.get("round", 1))
 
     rows = [dict(r, run=i) for i, f in enumerate(files) for r in f["rows"]]
     last_measured = {key(r): i for i, r in enumerate(rows) if "output_throughput" in r}
@@ -771,6 +791,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="once each server is ready (after its warm-up request), freeze its processes' garbage "
                          "collector (SGLang's /freeze_gc): a full collection of the HTTP process's objects takes "
                          "a few hundred ms, during which it takes no request (the rows record it)")
+    ap.add_argument("--no-stream", action="store_true",
+                    help="each request gets its tokens in one response at its end (the client's --disable-stream) "
+                         "instead of a streamed response per step: the output tokens/s of a server whose decode "
+                         "outruns the delivery of streamed tokens (the table's 'ITL / server token interval' above "
+                         "1); the rows carry stream false and no inter-token latency or time to first token")
     ap.add_argument("--draft-tokens", type=int, default=4, help="tokens per verify, the bonus token included")
     ap.add_argument("--groups", type=int, default=8, help="prefix workload: distinct shared prefixes")
     ap.add_argument("--prompts-per-group", type=int, default=32)
