@@ -126,6 +126,18 @@ def test_serving_tables_in_both_orders_are_what_their_results_give():
         row = f"| {names[model]} | {load} | {output} | {decode_rounds} | {ttft.rstrip(' |')} |"
         assert row in text, row
 
+    # with the collector frozen: Qwen3.5 against SGLang, Kimi-Linear against SGLang's replay
+    frozen = [RESULTS / "serving-qwen3.5-9b-frozen-orders-h100.json",
+              RESULTS / "serving-kimi-linear-dense-frozen-orders-h100.json"]
+    rows = [line.split(" | ") for line in bench_serving.both_orders_table(frozen).splitlines()[2:]]
+    assert len(rows) == 3
+    for cells in rows:
+        model, load = cells[0].strip("| "), cells[4]
+        against, output, decode = (("SGLang", cells[5], cells[7]) if cells[5] else
+                                   ("SGLang's replay", cells[6], cells[8]))
+        row = f"| {names[model]} | {against} | {load} | {output} | {decode} |"
+        assert row in text, row
+
     data = json.loads((RESULTS / "serving-qwen3.5-9b-prefix-orders-h100.json").read_text())
     at = {(r["variant"], r["round"], r["load"]): r for r in data["rows"]}
     for rnd, first in ((1, "SGLang"), (2, "replay")):
