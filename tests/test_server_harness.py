@@ -782,7 +782,8 @@ def test_no_stream_asks_for_whole_responses_and_the_table_compares_like_with_lik
             commands.append(cmd)
             out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
             out.write_text(json.dumps(dict(output_throughput=30000.0, median_itl_ms=0.0, p99_itl_ms=0.0,
-                                           median_ttft_ms=2900.0)) + "\n")
+                                           median_ttft_ms=2900.0, mean_tpot_ms=0.0, median_e2e_latency_ms=2900.0,
+                                           concurrency=251.3)) + "\n")
             self.returncode = 0
 
         def poll(self):
@@ -797,6 +798,8 @@ def test_no_stream_asks_for_whole_responses_and_the_table_compares_like_with_lik
                                                    serving_args(concurrency=[256]), log, check_server.Deadline(None))
     assert ["--disable-stream" in cmd for cmd in commands] == [True, False]
     assert [r["stream"] for r in whole + streamed] == [False, True]
+    # the client's request latency is kept; its mean concurrency does not replace the load's
+    assert [(r["median_e2e_latency_ms"], r["concurrency"]) for r in whole] == [(2900.0, 256)]
     path = tmp_path / "serving-kimi-linear.json"
     path.write_text(json.dumps(dict(rows=[dict(r, decode_tokens_per_s=50000.0) for r in streamed + whole])))
     lines = bench_serving.table([path]).splitlines()

@@ -37,8 +37,9 @@ cache report), for each radix strategy of ``--radix-strategies``. Each of its lo
 
 Written to ``DIR/serving-<model>.json`` (``serving-<model>-mtp.json`` with ``--speculative mtp``): one
 row per (variant, radix strategy, concurrency) with output tokens/s, median and p99 inter-token
-latency and time to first token, the client's cache hit rate where reported, the server's own prefill
-and decode rates during the load (with ``--server-log-level info``; see ``server_rates``), the
+latency and time to first token, mean time per output token, median request latency, the client's
+cache hit rate where reported, the server's own prefill and decode rates during the load (with
+``--server-log-level info``; see ``server_rates``), the
 connections the host's kernel dropped during the load because a listen queue was full
 (``listen_overflows``, with the host's ``somaxconn``: the client's retry of such a connection
 waits a second or more), the garbage collections longer than 50 ms in the server's HTTP process
@@ -103,8 +104,8 @@ VARIANTS = {
     "replay-nvfp4": ["--replay-ssm", "--replay-read-format", "nvfp4"],
     "replay-fp16sr-nvfp4": ["--replay-ssm", "--replay-checkpoint-dtype", "float16_sr", "--replay-read-format", "nvfp4"],
 }
-ROW_KEYS = ("output_throughput", "median_itl_ms", "p99_itl_ms", "median_ttft_ms", "p99_ttft_ms", "completed",
-            "duration", "total_output_tokens", "accept_length")
+ROW_KEYS = ("output_throughput", "median_itl_ms", "p99_itl_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+            "median_e2e_latency_ms", "completed", "duration", "total_output_tokens", "accept_length")
 # with --speculative mtp, a variant's flag replaced by its speculative form: SGLang's own replay verifies
 # with its replay spec path (without it SGLang's recurrent verify keeps a snapshot per draft token);
 # SGLang refuses the two flags together (they drive one ring with different cursor protocols)
