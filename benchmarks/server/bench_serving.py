@@ -556,9 +556,10 @@ def table(paths: list[pathlib.Path]) -> str:
     "ITL / server token interval" is the median inter-token latency the client saw over the interval
     at which the server made each request's tokens (``concurrency`` over its decode rate): about 1 where
     the streamed tokens reach the client as fast as the server makes them, above 1 where their delivery
-    (SGLang's HTTP process and the client, each one Python thread) is slower than the server's decode,
-    so that the output tokens/s measures the delivery. Rows of a ``--no-stream`` run (``stream``
-    false) have no inter-token latency or time to first token, and are compared only with such rows."""
+    (SGLang's detokenizer and HTTP processes and the client, each one Python thread) is slower than the
+    server's decode, so that the output tokens/s measures the delivery. Rows of a ``--no-stream`` run
+    (``stream`` false) have no inter-token latency or time to first token, and are compared only with
+    such rows."""
     out = ["| model | variant | radix | concurrency | load | output tok/s | vs SGLang | vs SGLang's replay "
            "| ITL median / p99 ms | ITL vs SGLang | ITL / server token interval | TTFT median ms (x SGLang's) "
            "| server prefill / decode tok/s | decode vs SGLang / SGLang's replay | cache hit | accept length |",
@@ -794,9 +795,10 @@ def main(argv: list[str] | None = None) -> int:
                          "a few hundred ms, during which it takes no request (the rows record it)")
     ap.add_argument("--no-stream", action="store_true",
                     help="each request gets its tokens in one response at its end (the client's --disable-stream) "
-                         "instead of a streamed response per step: the output tokens/s of a server whose decode "
-                         "outruns the delivery of streamed tokens (the table's 'ITL / server token interval' above "
-                         "1); the rows carry stream false and no inter-token latency or time to first token")
+                         "instead of a response chunk per token, which SGLang's HTTP process writes and the client "
+                         "parses: the output tokens/s without them, where a server's decode outruns their delivery "
+                         "(the table's 'ITL / server token interval' above 1); the rows carry stream false and no "
+                         "inter-token latency or time to first token")
     ap.add_argument("--draft-tokens", type=int, default=4, help="tokens per verify, the bonus token included")
     ap.add_argument("--groups", type=int, default=8, help="prefix workload: distinct shared prefixes")
     ap.add_argument("--prompts-per-group", type=int, default=32)
