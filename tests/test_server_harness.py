@@ -647,6 +647,23 @@ def serving_args(**overrides):
         profile_prefill=0, profile_host=False, freeze_gc=False, no_stream=False) | overrides)
 
 
+def fake_client(monkeypatch, result: dict, on_start=lambda cmd: None) -> None:
+    """SGLang's client replaced by one that calls ``on_start`` with its command and writes ``result`` as
+    its output line at once."""
+    import bench_serving
+
+    class Client:
+        def __init__(self, cmd, **kw):
+            on_start(cmd)
+            pathlib.Path(cmd[cmd.index("--output-file") + 1]).write_text(json.dumps(result) + "\n")
+            self.returncode = 0
+
+        def poll(self):
+            return self.returncode
+
+    monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
+
+
 def fake_servers(monkeypatch) -> list:
     """Servers launched as sleeping processes (``start_new_session``: each leads its own process group),
     always ready; the list of them."""
@@ -747,18 +764,10 @@ def test_freeze_gc_freezes_each_server_once_it_is_ready_and_the_rows_say_so(tmp_
     frozen = []
     monkeypatch.setattr(bench_serving, "freeze_gc", lambda port: frozen.append(port))
 
-    class Client:
-        def __init__(self, cmd, **kw):
-            # the server was frozen before the load's client started
-            assert frozen == [7]
-            out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
-            out.write_text(json.dumps(dict(output_throughput=1.0, median_itl_ms=2.0)) + "\n")
-            self.returncode = 0
+    def started(cmd):
+        assert frozen == [7]                    # the server was frozen before the load's client started
 
-        def poll(self):
-            return self.returncode
-
-    monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
+    fake_client(monkeypatch, dict(output_throughput=1.0, median_itl_ms=2.0), started)
     with open(tmp_path / "log", "w") as log:
         rows = bench_serving.serve_and_measure("kimi-linear", tmp_path, "sglang", "no_buffer",
                                                serving_args(port=7, freeze_gc=True), log, check_server.Deadline(None))
@@ -777,19 +786,8 @@ def test_no_stream_asks_for_whole_responses_and_the_table_compares_like_with_lik
     fake_servers(monkeypatch)
     commands = []
 
-    class Client:
-        def __init__(self, cmd, **kw):
-            commands.append(cmd)
-            out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
-            out.write_text(json.dumps(dict(output_throughput=30000.0, median_itl_ms=0.0, p99_itl_ms=0.0,
-                                           median_ttft_ms=2900.0, mean_tpot_ms=0.0, median_e2e_latency_ms=2900.0,
-                                           concurrency=251.3)) + "\n")
-            self.returncode = 0
-
-        def poll(self):
-            return self.returncode
-
-    monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
+    fake_client(monkeypatch, dict(output_throughput=30000.0, median_itl_ms=0.0, p99_itl_ms=0.0, median_ttft_ms=2900.0,
+                                  mean_tpot_ms=0.0, median_e2e_latency_ms=2900.0, concurrency=251.3), commands.append)
     with open(tmp_path / "log", "w") as log:
         whole = bench_serving.serve_and_measure("kimi-linear", tmp_path, "replay-nvfp4", "extra_buffer",
                                                 serving_args(concurrency=[256], no_stream=True), log,
@@ -818,18 +816,8 @@ def test_each_prefix_load_starts_with_the_radix_cache_flushed(tmp_path, monkeypa
     events = []
     monkeypatch.setattr(check_server, "flush_cache", lambda port: events.append(("flush", port)))
 
-    class Client:
-        def __init__(self, cmd, **kw):
-            events.append(("client", int(cmd[cmd.index("--max-concurrency") + 1])))
-            out = pathlib.Path(cmd[cmd.index("--output-file") + 1])
-            out.write_text(json.dumps(dict(output_throughput=1.0, median_itl_ms=2.0, cache_report=dict(
-                cache_hit_rate_pct=80.0))) + "\n")
-            self.returncode = 0
-
-        def poll(self):
-            return self.returncode
-
-    monkeypatch.setattr(bench_serving.subprocess, "Popen", Client)
+    fake_client(monkeypatch, dict(output_throughput=1.0, median_itl_ms=2.0, cache_report=dict(cache_hit_rate_pct=80.0)),
+                lambda cmd: events.append(("client", int(cmd[cmd.index("--max-concurrency") + 1]))))
     with open(tmp_path / "log", "w") as log:
         prefix = serving_args(port=7, workload="prefix", repeat=2, concurrency=[4], groups=2, prompts_per_group=2,
                               prefix_len=8, question_len=4)
